@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Creates .venv and installs asyncrl with its dev extras.
+# On a machine without an NVIDIA GPU, torch==2.13.0 (CPU build) goes in first: a plain `torch`
+# requirement would otherwise pull several GB of CUDA packages from the registry.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="${VENV:-.venv}"
+python="${PYTHON:-python3}"
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$python" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip install --quiet)
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    "${pip[@]}" "torch==2.13.0"
+fi
+"${pip[@]}" -e ".[dev]"
+echo "asyncrl installed in $venv"

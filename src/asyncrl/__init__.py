@@ -1,0 +1,3 @@
+"""asyncrl: asynchronous GRPO training of language models."""
+
+__version__ = "0.1.0"
