@@ -1,0 +1,128 @@
+"""The `asyncrl` command: one sub-command per role and tool, each configured by one model.
+
+asyncrl <command> [CONFIG.yaml|toml ...] [--key.path VALUE ...] [--print-config] [--help]
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from asyncrl import __version__
+from asyncrl.config.base import ConfigError
+from asyncrl.config.eval import EvalRunConfig
+from asyncrl.config.inference import InferenceConfig
+from asyncrl.config.init_model import InitModelConfig
+from asyncrl.config.loading import load_config, split_files_and_overrides
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.rl import RLConfig
+from asyncrl.config.sft import SFTConfig
+from asyncrl.config.trainer import TrainerConfig
+
+
+def _init_model(config: Any) -> None:
+    from asyncrl.models.init_model import init_model
+
+    init_model(config)
+
+
+def _sft(config: Any) -> None:
+    from asyncrl.sft.train import run_sft
+
+    run_sft(config)
+
+
+def _eval(config: Any) -> None:
+    from asyncrl.evaluate import run_eval
+
+    result = run_eval(config)
+    print(f"mean_reward {result.mean_reward:.4f}")
+
+
+@dataclass(frozen=True)
+class Command:
+    summary: str
+    config: type[BaseModel]
+    run: Callable[[Any], None] | None  # None: the role's config is defined, the role is not built
+
+
+COMMANDS: dict[str, Command] = {
+    "init-model": Command(
+        "Build a tiny Llama- or Qwen2-shaped model and character tokenizer locally.",
+        InitModelConfig,
+        _init_model,
+    ),
+    "sft": Command("Supervised warm-up on an environment's answers.", SFTConfig, _sft),
+    "eval": Command("Score a model on an environment's held-out split.", EvalRunConfig, _eval),
+    "infer": Command("Inference server (OpenAI-compatible).", InferenceConfig, None),
+    "orch": Command(
+        "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, None
+    ),
+    "train": Command("GRPO trainer.", TrainerConfig, None),
+    "rl": Command("Inference, orchestrator and trainer together.", RLConfig, None),
+}
+
+
+def _usage() -> str:
+    lines = [f"asyncrl {__version__}: asynchronous GRPO training", "", "commands:"]
+    lines += [f"  {name:<11} {command.summary}" for name, command in COMMANDS.items()]
+    lines += ["", "`asyncrl <command> --help` lists every config field of a command."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if args[0] == "--version":
+        print(__version__)
+        return 0
+    name, rest = args[0], args[1:]
+    command = COMMANDS.get(name)
+    if command is None:
+        print(f"asyncrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if "--help" in rest or "-h" in rest:
+        from asyncrl.config.help import render_help
+
+        render_help(name, command.config, command.summary)
+        return 0
+    print_config = "--print-config" in rest
+    rest = [arg for arg in rest if arg != "--print-config"]
+    try:
+        files, overrides = split_files_and_overrides(rest)
+        config = load_config(command.config, files, overrides)
+    except ConfigError as error:
+        print(f"asyncrl {name}: {error}", file=sys.stderr)
+        return 2
+    if print_config:
+        print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
+        return 0
+    if command.run is None:
+        print(
+            f"asyncrl {name}: the configuration is valid, but this role is not built yet",
+            file=sys.stderr,
+        )
+        return 2
+    from asyncrl.log import setup_logging
+
+    setup_logging()
+    try:
+        command.run(config)
+    except ConfigError as error:
+        print(f"asyncrl {name}: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"asyncrl {name}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Building blocks shared by every config model: strictness, planned keys, errors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ConfigError(ValueError):
+    """A configuration a user wrote is wrong; the message names the key path and what is allowed."""
+
+
+class StrictModel(BaseModel):
+    """Unknown keys are errors, and assignments are validated like loading is."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def planned(default: Any, description: str, *, feature: str, **kwargs: Any) -> Any:
+    """A key whose feature is not built yet.
+
+    It exists so that configs written for comparable systems load, but setting it to anything
+    other than its default stops start-up (see `check_planned`) instead of being ignored.
+    """
+    return Field(default, description=description, json_schema_extra={"planned": feature}, **kwargs)
+
+
+def check_planned(model: BaseModel, prefix: str = "") -> None:
+    """Raise ConfigError for the first planned key that is set away from its default."""
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        path = f"{prefix}{name}"
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "planned" in extra and value != field.get_default(call_default_factory=True):
+            shown = (
+                value.model_dump(exclude_defaults=True) if isinstance(value, BaseModel) else value
+            )
+            raise ConfigError(
+                f"`{path}` is not supported yet ({extra['planned']}); "
+                f"got {shown!r}, leave it at its default {field.get_default()!r}"
+            )
+        if isinstance(value, BaseModel):
+            check_planned(value, f"{path}.")
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, BaseModel):
+                    check_planned(item, f"{path}[{index}].")

@@ -1,0 +1,62 @@
+"""Configuration of the inference role (`asyncrl infer`): keys follow the seeds' inference table."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from asyncrl.config.base import StrictModel, planned
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+
+
+class InferenceConfig(StrictModel):
+    """An OpenAI-compatible server that returns token ids and logprobs and reloads weights."""
+
+    model: str = Field(description="Hugging Face model id or local path.")
+    backend: Literal["embedded", "vllm", "sglang"] = Field(
+        "embedded",
+        description="Engine behind the server: `embedded` (PyTorch + transformers), `vllm` or "
+        "`sglang` (launched as a child server).",
+    )
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address. Loopback unless set: use 0.0.0.0 to serve other machines.",
+    )
+    port: int = Field(8000, ge=1, le=65535, description="Bind port.")
+    api_key_var: str = Field(
+        "VLLM_API_KEY",
+        description="Environment variable holding the bearer API key the server requires "
+        "(unset or empty variable = no key required).",
+    )
+    dtype: Dtype = Field("auto", description="Weights and activations dtype.")
+    max_model_len: int | None = Field(
+        None, gt=0, description="Maximum context length (prompt + completion); null = model's."
+    )
+    enforce_eager: bool = Field(False, description="Disable CUDA graphs (vLLM).")
+    trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
+    tp: int = planned(1, "Tensor parallelism degree.", feature="multi-GPU inference", ge=1)
+    dp: int = planned(1, "Data parallelism degree.", feature="multi-GPU inference", ge=1)
+    enable_lora: bool = Field(True, description="Enable LoRA adapter hot-reload.")
+    max_lora_rank: int | None = Field(
+        None, gt=0, description="Maximum LoRA rank (rounded up to a rank vLLM accepts)."
+    )
+    max_loras: int = Field(8, ge=1, description="LoRA adapters loaded at once.")
+    max_cpu_loras: int = Field(100, ge=1, description="LoRA adapters cached on CPU.")
+    enable_prefix_caching: bool | None = Field(
+        None, description="Enable prefix caching (null = the engine's default)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of GPU memory for weights and KV cache."
+    )
+    weight_broadcast_type: Literal["filesystem", "nccl"] = Field(
+        "filesystem", description="How weight updates arrive: `filesystem` or `nccl`."
+    )
+    reasoning_parser: str | None = Field(
+        None, description="Parser that splits reasoning content from the answer (vLLM)."
+    )
+    enable_auto_tool_choice: bool = Field(False, description="Enable auto tool choice (vLLM).")
+    rope_scaling: dict[str, Any] | None = Field(
+        None, description="RoPE scaling configuration passed to the model config."
+    )

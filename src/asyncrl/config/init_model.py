@@ -1,0 +1,18 @@
+"""Configuration of `asyncrl init-model`: a tiny model built locally, no downloads."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from asyncrl.config.base import StrictModel
+
+
+class InitModelConfig(StrictModel):
+    preset: Literal["tiny", "small", "base"] = Field(
+        "tiny", description="Size: tiny (< 1 M params), small (~10 M), base (~50 M)."
+    )
+    arch: Literal["llama", "qwen2"] = Field("llama", description="Model family to imitate.")
+    output_dir: str = Field("models/tiny", description="Where the model and tokenizer go.")
+    seed: int = Field(0, description="Seed of the random initialisation.")

@@ -1,0 +1,243 @@
+"""Configuration of the orchestrator role (`asyncrl orch`): keys follow the seeds' tables."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.env import EnvConfig
+from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
+
+
+class ModelConfig(StrictModel):
+    name: str | None = Field(None, description="Hugging Face model id or local path.")
+
+
+class TempSchedulerConfig(StrictModel):
+    type: Literal["linear", "cosine"] = Field(description="Shape of the temperature schedule.")
+    start_temperature: float = Field(ge=0, description="Temperature at step 0.")
+    end_temperature: float = Field(ge=0, description="Temperature at the final step.")
+
+
+class SamplingConfig(StrictModel):
+    max_tokens: int | None = Field(None, gt=0, description="Max tokens per generation.")
+    temperature: float = Field(
+        1.0, ge=0, description="Sampling temperature (set this or `temp_scheduler`, not both)."
+    )
+    temp_scheduler: TempSchedulerConfig | None = Field(
+        None, description="Temperature schedule over the run's steps."
+    )
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    top_k: int = Field(-1, ge=-1, description="Top-k sampling (-1 = off).")
+    repetition_penalty: float = Field(1.0, gt=0, description="Repetition penalty.")
+    min_tokens: int = Field(0, ge=0, description="Minimum tokens per sequence.")
+    seed: int | None = Field(None, description="Sampling seed.")
+
+    @model_validator(mode="after")
+    def _one_temperature_source(self) -> SamplingConfig:
+        if self.temp_scheduler is not None and "temperature" in self.model_fields_set:
+            raise ValueError("set `temperature` or `temp_scheduler`, not both")
+        return self
+
+
+class ElasticConfig(StrictModel):
+    hostname: str = Field(description="DNS hostname resolving to the inference servers.")
+    port: int = Field(8000, ge=1, le=65535, description="Port of the elastic pool servers.")
+    sync_interval: float = Field(5.0, gt=0, description="Seconds between DNS re-checks.")
+
+
+class ClientConfig(StrictModel):
+    base_url: list[str] = Field(
+        default_factory=lambda: ["http://localhost:8000/v1"],
+        min_length=1,
+        description="Inference server URL(s).",
+    )
+    timeout: float = Field(1200, gt=0, description="Request timeout in seconds.")
+    api_key_var: str = Field("VLLM_API_KEY", description="Environment variable with the API key.")
+    skip_model_check: bool = Field(False, description="Skip checking the `/models` endpoint.")
+    elastic: ElasticConfig | None = Field(None, description="DNS discovery of an elastic pool.")
+
+    def api_key(self) -> str | None:
+        """The secret itself, read from the environment when needed, never stored in config."""
+        return os.environ.get(self.api_key_var) or None
+
+
+class BufferConfig(StrictModel):
+    seed: int | None = Field(None, description="Random seed for deterministic sampling.")
+    online_difficulty_filtering: bool = Field(
+        False, description="Skip groups whose rewards are all 0.0 or all 1.0."
+    )
+    easy_threshold: float | None = Field(
+        None, description="Reward above which a problem is `easy`."
+    )
+    hard_threshold: float | None = Field(
+        None, description="Reward below which a problem is `hard`."
+    )
+    easy_fraction: float = Field(
+        0.0, ge=0, le=1, description="Fraction of easy problems promoted to normal on start."
+    )
+    hard_fraction: float = Field(
+        0.0, ge=0, le=1, description="Fraction of hard problems promoted to normal on start."
+    )
+    hash_keys: list[str] = Field(
+        default_factory=lambda: ["task", "prompt"],
+        min_length=1,
+        description="Example fields used for deduplication.",
+    )
+    skip_verification: bool = Field(
+        False, description="Disable reward scoring (every reward is 0)."
+    )
+    env_ratios: list[float] | None = Field(
+        None, description="Per-environment sampling ratios (must sum to > 0)."
+    )
+
+    @model_validator(mode="after")
+    def _ratios_positive(self) -> BufferConfig:
+        if self.env_ratios is not None and (
+            any(r < 0 for r in self.env_ratios) or sum(self.env_ratios) <= 0
+        ):
+            raise ValueError("`env_ratios` must be non-negative and sum to more than 0")
+        return self
+
+
+class AdvantageConfig(StrictModel):
+    type: Literal["default", "custom"] = Field("default", description="`default` or `custom`.")
+    length_weighted_mean: bool = Field(
+        False, description="Weight the group baseline by completion length."
+    )
+    import_path: str | None = Field(
+        None, description="(custom) `module:function` computing advantages."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="(custom) Keyword arguments for the function."
+    )
+
+    @model_validator(mode="after")
+    def _custom_needs_path(self) -> AdvantageConfig:
+        if self.type == "custom" and not self.import_path:
+            raise ValueError("`type: custom` needs `import_path`")
+        return self
+
+
+class GibberishFilterConfig(StrictModel):
+    type: Literal["gibberish"] = "gibberish"
+    enforce: bool = Field(False, description="Mask flagged rollouts from the training loss.")
+    token_id_threshold: int = Field(
+        100000, ge=0, description="Min token id to flag as a gibberish candidate."
+    )
+    logprob_offset: float = Field(2.0, description="Offset from the uniform-distribution logprob.")
+
+
+class RepetitionFilterConfig(StrictModel):
+    type: Literal["repetition"] = "repetition"
+    enforce: bool = Field(False, description="Mask flagged rollouts from the training loss.")
+    window: int = Field(3000, gt=0, description="Consecutive high-probability steps to flag.")
+    prob_threshold: float = Field(0.99, gt=0, le=1, description="Per-token probability threshold.")
+
+
+FilterConfig = Annotated[
+    GibberishFilterConfig | RepetitionFilterConfig, Field(discriminator="type")
+]
+
+
+class CheckpointConfig(StrictModel):
+    interval: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
+    resume_step: int | None = Field(
+        None, ge=-1, description="Step to resume from (-1 = latest complete checkpoint)."
+    )
+    wait_for_weights_timeout: float | None = Field(
+        None, gt=0, description="Seconds to wait for the weight directory on resume."
+    )
+    keep_last: int | None = Field(None, gt=0, description="Keep at most N recent checkpoints.")
+    keep_interval: int | None = Field(
+        None, gt=0, description="Keep checkpoints at every N steps permanently."
+    )
+    skip_progress: bool = Field(False, description="Do not restore progress on resume.")
+    skip_buffer: bool = Field(False, description="Do not restore the buffer on resume.")
+
+
+class EvalConfig(StrictModel):
+    env: list[EnvConfig] = Field(min_length=1, description="Evaluation environments.")
+    num_examples: int = Field(-1, ge=-1, description="Examples per environment (-1 = all).")
+    rollouts_per_example: int = Field(1, ge=1, description="Rollouts per example.")
+    interval: int = Field(100, gt=0, description="Evaluate every N training steps.")
+    eval_base_model: bool = Field(True, description="Also evaluate the unmodified base model.")
+    skip_eval_on_resume: bool = Field(True, description="Skip the eval right after a resume.")
+    cancel_inflight_rollouts_on_eval: bool = Field(
+        False, description="Cancel in-flight rollouts before evaluating."
+    )
+
+
+class ReportConfig(StrictModel):
+    project: str = Field("asyncrl", description="W&B project name.")
+    name: str | None = Field(None, description="W&B run name.")
+    offline: bool = Field(False, description="Run W&B in offline mode.")
+    samples: bool | None = Field(None, description="Log prompt/response samples.")
+    distributions: bool | None = Field(None, description="Log reward/advantage distributions.")
+    interval: int = Field(10, gt=0, description="Logging interval in steps.")
+
+
+class OrchestratorConfig(StrictModel):
+    """Schedules rollouts, scores them, computes advantages and hands batches to the trainer."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    env: list[EnvConfig] = Field(
+        default_factory=lambda: [EnvConfig(id="reverse-text")],
+        min_length=1,
+        description="Training environments.",
+    )
+    batch_size: int = Field(128, gt=0, description="Rollouts per training step.")
+    rollouts_per_example: int = Field(1, gt=0, description="Samples generated per prompt.")
+    seq_len: int = Field(2048, gt=0, description="Maximum sequence length for packing.")
+    max_steps: int | None = Field(
+        None, gt=0, description="Total training steps (null = run indefinitely)."
+    )
+    max_async_level: int = Field(
+        1, ge=0, description="How many steps inference may lag behind the trainer."
+    )
+    max_off_policy_steps: int = Field(
+        8, ge=0, description="Max policy lag of a rollout before it is discarded."
+    )
+    oversampling_factor: float = Field(
+        1.0, ge=1.0, description="Factor by which to oversample rollout requests."
+    )
+    output_dir: str = Field(
+        "outputs/run_default",
+        description="Run directory (a `run_*` child of the trainer's output_dir).",
+    )
+    seed: int = Field(42, description="Random seed.")
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
+    client: ClientConfig = Field(default_factory=ClientConfig, description="Inference client.")
+    buffer: BufferConfig = Field(default_factory=BufferConfig, description="Rollout buffer.")
+    advantage: AdvantageConfig = Field(
+        default_factory=AdvantageConfig, description="Advantage computation."
+    )
+    filters: list[FilterConfig] = Field(default_factory=list, description="Rollout filters.")
+    ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    eval: EvalConfig | None = planned(None, "Online evaluation.", feature="online evaluation")
+    report_to: ReportConfig | None = planned(
+        None, "Weights & Biases reporting.", feature="W&B reporting"
+    )
+    rollout_transport: RolloutTransportConfig = Field(
+        default_factory=RolloutTransportConfig, description="How batches reach the trainer."
+    )
+    weight_broadcast: WeightBroadcastConfig = Field(
+        default_factory=WeightBroadcastConfig, description="How new weights reach inference."
+    )
+
+    @model_validator(mode="after")
+    def _batch_holds_whole_groups(self) -> OrchestratorConfig:
+        if self.batch_size % self.rollouts_per_example:
+            raise ValueError(
+                f"`batch_size` ({self.batch_size}) must be a multiple of "
+                f"`rollouts_per_example` ({self.rollouts_per_example})"
+            )
+        if self.max_off_policy_steps < self.max_async_level:
+            raise ValueError(
+                f"`max_off_policy_steps` ({self.max_off_policy_steps}) must be at least "
+                f"`max_async_level` ({self.max_async_level}): otherwise every rollout is dropped"
+            )
+        return self

@@ -1,0 +1,168 @@
+"""Configuration of `asyncrl rl`: the three roles in one file, with shared fields set once.
+
+The shared fields (model, seq_len, max_steps, max_async_level, output_dir) are copied down to
+every role that uses them. A role may repeat a shared value, but a role that disagrees with it,
+or two roles that disagree with each other, stop start-up with both key paths named.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from asyncrl.config.base import StrictModel
+from asyncrl.config.inference import InferenceConfig
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.trainer import TrainerConfig
+
+RUN_DIR_NAME = "run_default"
+
+# shared field -> where each role keeps it (a key path inside the `rl` config)
+SHARED_FIELDS: dict[str, list[tuple[str, ...]]] = {
+    "model": [("inference", "model"), ("orchestrator", "model", "name"), ("trainer", "model")],
+    "seq_len": [("orchestrator", "seq_len"), ("trainer", "sequence_len")],
+    "max_steps": [("orchestrator", "max_steps"), ("trainer", "max_steps")],
+    "max_async_level": [("orchestrator", "max_async_level"), ("trainer", "max_async_level")],
+}
+
+
+def _as_int(value: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return value  # left for pydantic to report with its path
+
+
+def _as_max_steps(value: Any) -> Any:
+    """The orchestrator says null and the trainer says -1 for "no limit": compare them as one."""
+    value = _as_int(value)
+    return None if value in (None, -1) else value
+
+
+NORMALISE: dict[str, Callable[[Any], Any]] = {
+    "model": str,
+    "seq_len": _as_int,
+    "max_steps": _as_max_steps,
+    "max_async_level": _as_int,
+}
+
+
+def _get(data: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:
+    node: Any = data
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return False, None
+        node = node[key]
+    return True, node
+
+
+def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+    node = data
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            return  # a wrong type here is reported by pydantic with its path
+    node[path[-1]] = value
+
+
+def _role_value(shared: str, path: tuple[str, ...], value: Any) -> Any:
+    """The shared value as the role spells it."""
+    if shared == "max_steps" and path[0] == "trainer" and value is None:
+        return -1
+    return value
+
+
+def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
+    """Copy shared fields into the roles' raw dicts; raise ValueError on any disagreement."""
+    data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
+    for role in ("inference", "orchestrator", "trainer"):
+        data.setdefault(role, {})
+    for shared, paths in SHARED_FIELDS.items():
+        normalise = NORMALISE[shared]
+        known: tuple[str, Any] | None = None
+        if shared in data and data[shared] is not None:
+            known = (shared, normalise(data[shared]))
+        for path in paths:
+            found, value = _get(data, path)
+            if not found:
+                continue
+            value = normalise(value)
+            if known is None:
+                known = (".".join(path), value)
+            elif value != known[1]:
+                raise ValueError(
+                    f"`{'.'.join(path)}` ({value!r}) disagrees with `{known[0]}` ({known[1]!r}); "
+                    f"set `{shared}` once at the top level"
+                )
+        if known is None:
+            continue
+        data[shared] = known[1]
+        for path in paths:
+            _set(data, path, _role_value(shared, path, known[1]))
+    _propagate_output_dir(data)
+    _check_model_len(data)
+    return data
+
+
+def _propagate_output_dir(data: dict[str, Any]) -> None:
+    """Trainer output_dir is the parent; the orchestrator's run dir is a `run_*` child of it."""
+    found_trainer, trainer_dir = _get(data, ("trainer", "output_dir"))
+    top = data.get("output_dir")
+    if top is not None and found_trainer and os.path.normpath(trainer_dir) != os.path.normpath(top):
+        raise ValueError(
+            f"`trainer.output_dir` ({trainer_dir!r}) disagrees with `output_dir` ({top!r})"
+        )
+    parent = top if top is not None else (trainer_dir if found_trainer else "outputs")
+    data["output_dir"] = parent
+    _set(data, ("trainer", "output_dir"), parent)
+    found_orch, run_dir = _get(data, ("orchestrator", "output_dir"))
+    if not found_orch:
+        _set(data, ("orchestrator", "output_dir"), os.path.join(parent, RUN_DIR_NAME))
+        return
+    run_dir = os.path.normpath(str(run_dir))
+    if os.path.dirname(run_dir) != os.path.normpath(parent) or not os.path.basename(
+        run_dir
+    ).startswith("run_"):
+        raise ValueError(
+            f"`orchestrator.output_dir` ({run_dir!r}) must be a `run_*` directory directly "
+            f"under `output_dir` ({parent!r}), where the trainer looks for it"
+        )
+
+
+def _check_model_len(data: dict[str, Any]) -> None:
+    """Inference must hold a whole packed sample: max_model_len >= seq_len (set it if absent)."""
+    seq_len = data.get("seq_len")
+    if seq_len is None or not isinstance(seq_len, int):
+        return
+    found, max_len = _get(data, ("inference", "max_model_len"))
+    if not found or max_len is None:
+        _set(data, ("inference", "max_model_len"), seq_len)
+    elif isinstance(_as_int(max_len), int) and _as_int(max_len) < seq_len:
+        raise ValueError(
+            f"`inference.max_model_len` ({max_len}) is shorter than `seq_len` ({seq_len})"
+        )
+
+
+class RLConfig(StrictModel):
+    """All three roles of a run, started together by `asyncrl rl`."""
+
+    model: str | None = Field(None, description="Model for every role (copied down).")
+    seq_len: int | None = Field(None, gt=0, description="Sequence length for every role.")
+    max_steps: int | None = Field(None, gt=0, description="Training steps (null = no limit).")
+    max_async_level: int | None = Field(
+        None, ge=0, description="How many steps inference may lag behind the trainer."
+    )
+    output_dir: str = Field(
+        "outputs", description="Trainer output_dir; the orchestrator uses `<it>/run_default`."
+    )
+    inference: InferenceConfig = Field(description="Inference server.")
+    orchestrator: OrchestratorConfig = Field(description="Orchestrator.")
+    trainer: TrainerConfig = Field(description="Trainer.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _copy_shared_fields(cls, data: Any) -> Any:
+        return propagate_shared(data) if isinstance(data, dict) else data

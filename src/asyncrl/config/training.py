@@ -1,0 +1,73 @@
+"""Fields every training command shares (SFT warm-up and the GRPO trainer), as in the seeds,
+where the GRPO trainer config inherits all fields of the SFT config."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from asyncrl.config.base import StrictModel, planned
+
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+class TrainingConfig(StrictModel):
+    model: str = Field(description="Hugging Face model id or local path.")
+    trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
+    gpus: int = planned(1, "Number of GPUs.", feature="multi-GPU training", ge=1)
+    zero_level: int = planned(
+        1, "ZeRO level (1 = shard optimizer state).", feature="multi-GPU training", ge=0, le=3
+    )
+    output_dir: str = Field("output", description="Where checkpoints and metrics are written.")
+    seed: int = Field(42, description="Random seed.")
+    sequence_len: int = Field(1024, gt=0, description="Maximum (packed) sequence length.")
+    sample_packing: bool = Field(True, description="Pack samples padding-free.")
+    per_device_train_batch_size: int = Field(
+        2, gt=0, description="Packed sequences per micro-batch."
+    )
+    gradient_accumulation_steps: int = Field(
+        4, gt=0, description="Micro-batches per optimizer step."
+    )
+    max_steps: int = Field(-1, ge=-1, description="Training steps (-1 = no fixed limit).")
+    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate schedule after warmup."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    optimizer: Literal["adamw", "adamw_8bit"] = Field(
+        "adamw_8bit", description="Optimizer (`adamw_8bit` needs bitsandbytes and a GPU)."
+    )
+    recipe: Literal["fp32", "bf16", "fp8_hybrid", "nvfp4"] = Field(
+        "bf16",
+        description="Precision: `fp32`, or `bf16` (float32 master weights, bfloat16 autocast).",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="Recompute activations in backward to save memory."
+    )
+    lora: bool = Field(True, description="Train LoRA adapters instead of all weights.")
+    lora_rank: int = Field(16, gt=0, description="LoRA rank.")
+    lora_alpha: float = Field(32.0, gt=0, description="LoRA alpha (scale = alpha / rank).")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description="Module names LoRA adapts.",
+    )
+    qlora_bnb: bool = planned(False, "NF4 QLoRA (bitsandbytes).", feature="QLoRA")
+    qlora_fp8: bool = planned(False, "FP8 QLoRA (SM89+).", feature="QLoRA")
+    qlora_fp4: bool = planned(False, "FP4 QLoRA (SM100+).", feature="QLoRA")
+    logging_steps: int = Field(1, gt=0, description="Log metrics every N steps.")
+    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
+    checkpoint_dir: str | None = Field(
+        None, description="Checkpoint directory (null = `<output_dir>/checkpoints`)."
+    )
+
+    @field_validator("recipe")
+    @classmethod
+    def _recipe_built(cls, recipe: str) -> str:
+        if recipe in ("fp8_hybrid", "nvfp4"):
+            raise ValueError(f"recipe `{recipe}` is not supported yet (low-precision recipes)")
+        return recipe

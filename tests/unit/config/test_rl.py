@@ -1,0 +1,104 @@
+"""`rl` copies the shared fields down to the roles and refuses any disagreement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config.base import ConfigError
+from asyncrl.config.loading import load_config
+from asyncrl.config.rl import RLConfig
+
+
+def rl(*overrides: str) -> RLConfig:
+    return load_config(RLConfig, [], list(overrides))
+
+
+def test_shared_fields_are_copied_to_every_role() -> None:
+    config = rl("--model", "m", "--seq_len", "512", "--max_steps", "20", "--max_async_level", "2")
+    assert config.inference.model == config.orchestrator.model.name == config.trainer.model == "m"
+    assert config.orchestrator.seq_len == config.trainer.sequence_len == 512
+    assert config.orchestrator.max_steps == config.trainer.max_steps == 20
+    assert config.orchestrator.max_async_level == config.trainer.max_async_level == 2
+    assert config.inference.max_model_len == 512  # inference holds a whole sample
+
+
+def test_output_dir_is_the_trainer_dir_and_the_run_dir_is_its_run_child() -> None:
+    config = rl("--model", "m", "--output_dir", "out/exp")
+    assert config.trainer.output_dir == "out/exp"
+    assert Path(config.orchestrator.output_dir) == Path("out/exp/run_default")
+
+
+def test_a_value_set_in_one_role_only_reaches_the_others() -> None:
+    config = rl("--trainer.model", "m", "--orchestrator.seq_len", "256")
+    assert config.inference.model == config.orchestrator.model.name == "m"
+    assert config.trainer.sequence_len == 256
+
+
+def test_repeating_the_shared_value_in_a_role_is_fine() -> None:
+    config = rl(
+        "--model", "m", "--trainer.model", "m", "--max_steps", "5", "--trainer.max_steps", "5"
+    )
+    assert config.trainer.max_steps == 5
+
+
+def test_no_step_limit_is_null_for_the_orchestrator_and_minus_one_for_the_trainer() -> None:
+    config = rl("--model", "m", "--trainer.max_steps", "-1")
+    assert config.orchestrator.max_steps is None
+    assert config.trainer.max_steps == -1
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["--model", "m", "--trainer.model", "other"], ["`trainer.model`", "`model`"]),
+        (
+            ["--inference.model", "a", "--orchestrator.model.name", "b"],
+            ["`orchestrator.model.name`", "`inference.model`"],
+        ),
+        (
+            ["--model", "m", "--orchestrator.seq_len", "256", "--trainer.sequence_len", "512"],
+            ["`trainer.sequence_len`", "`orchestrator.seq_len`"],
+        ),
+        (
+            [
+                "--model",
+                "m",
+                "--orchestrator.max_async_level",
+                "1",
+                "--trainer.max_async_level",
+                "3",
+            ],
+            ["`trainer.max_async_level`", "`orchestrator.max_async_level`"],
+        ),
+        (
+            ["--model", "m", "--orchestrator.max_steps", "10", "--trainer.max_steps", "-1"],
+            ["`trainer.max_steps`", "`orchestrator.max_steps`"],
+        ),
+        (
+            ["--model", "m", "--output_dir", "a", "--trainer.output_dir", "b"],
+            ["`trainer.output_dir`", "`output_dir`"],
+        ),
+        (
+            ["--model", "m", "--output_dir", "a", "--orchestrator.output_dir", "b/run_x"],
+            ["`orchestrator.output_dir`", "`run_*`"],
+        ),
+        (
+            ["--model", "m", "--seq_len", "1024", "--inference.max_model_len", "512"],
+            ["`inference.max_model_len`", "`seq_len`"],
+        ),
+    ],
+)
+def test_disagreeing_roles_stop_start_up_naming_both_keys(
+    overrides: list[str], named: list[str]
+) -> None:
+    with pytest.raises(ConfigError) as caught:
+        rl(*overrides)
+    for key in named:
+        assert key in str(caught.value)
+
+
+def test_errors_inside_a_role_carry_the_role_prefix() -> None:
+    with pytest.raises(ConfigError, match=r"`trainer\.loss\.kl_tau`"):
+        rl("--model", "m", "--trainer.loss.kl_tau", "-1")
