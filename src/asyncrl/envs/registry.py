@@ -1,0 +1,45 @@
+"""Resolve an `env.id` to an environment: a built-in name, else the `verifiers` rule
+(`owner/some-env` -> import module `some_env` -> `load_environment(**args)`)."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+from asyncrl.envs import reverse_text
+from asyncrl.envs.base import Environment
+
+BUILTIN: dict[str, Callable[..., Any]] = {
+    "reverse-text": reverse_text.load_environment,
+}
+
+
+class EnvironmentLoadError(ValueError):
+    """The environment id or its arguments are wrong; the message says which."""
+
+
+def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
+    args = args or {}
+    if env_id in BUILTIN:
+        factory = BUILTIN[env_id]
+    else:
+        module_name = env_id.split("/")[-1].replace("-", "_")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            raise EnvironmentLoadError(
+                f"environment `{env_id}`: not built in ({', '.join(BUILTIN)}) and module "
+                f"`{module_name}` is not installed ({error})"
+            ) from error
+        factory = getattr(module, "load_environment", None)
+        if factory is None:
+            raise EnvironmentLoadError(
+                f"environment `{env_id}`: `{module_name}` has no load_environment"
+            )
+    try:
+        return factory(**args)
+    except TypeError as error:
+        raise EnvironmentLoadError(
+            f"environment `{env_id}`: bad args {args!r} ({error})"
+        ) from error

@@ -1,0 +1,99 @@
+"""`reverse-text`: reverse a short random lowercase string; reward is the LCS ratio."""
+
+from __future__ import annotations
+
+import random
+import zlib
+
+from asyncrl.envs.base import Example, Split
+
+EVAL_BUCKETS = 8  # one string in eight (by hash) belongs to the held-out split
+
+
+def lcs_length(first: str, second: str) -> int:
+    """Length of the longest common subsequence (dynamic programming, one row at a time)."""
+    previous = [0] * (len(second) + 1)
+    for char_first in first:
+        current = [0]
+        for index, char_second in enumerate(second):
+            if char_first == char_second:
+                current.append(previous[index] + 1)
+            else:
+                current.append(max(previous[index + 1], current[index]))
+        previous = current
+    return previous[-1]
+
+
+def lcs_ratio(completion: str, answer: str) -> float:
+    """2·LCS / (|completion| + |answer|): 1.0 for an exact match, 0.0 when nothing is shared."""
+    total = len(completion) + len(answer)
+    if total == 0:
+        return 1.0
+    return 2.0 * lcs_length(completion, answer) / total
+
+
+def split_of(text: str) -> Split:
+    """Train/eval membership decided by the string itself, so the splits can never overlap."""
+    return "eval" if zlib.crc32(text.encode()) % EVAL_BUCKETS == 0 else "train"
+
+
+def random_text(rng: random.Random, min_length: int, max_length: int) -> str:
+    """Lowercase letters with single spaces between words; never starts or ends with a space."""
+    length = rng.randint(min_length, max_length)
+    characters: list[str] = []
+    while len(characters) < length:
+        can_space = characters and characters[-1] != " " and len(characters) < length - 1
+        if can_space and rng.random() < 0.15:
+            characters.append(" ")
+        else:
+            characters.append(chr(rng.randint(ord("a"), ord("z"))))
+    return "".join(characters)
+
+
+class ReverseTextEnv:
+    name = "reverse-text"
+
+    def __init__(
+        self,
+        seed: int = 0,
+        min_length: int = 5,
+        max_length: int = 20,
+        system_prompt: str | None = None,
+    ) -> None:
+        if not 1 <= min_length <= max_length:
+            raise ValueError(f"need 1 <= min_length <= max_length, got {min_length}, {max_length}")
+        self.seed = seed
+        self.min_length = min_length
+        self.max_length = max_length
+        self.system_prompt = system_prompt
+
+    def examples(self, split: Split, count: int) -> list[Example]:
+        rng = random.Random(f"reverse-text:{self.seed}:{split}")
+        examples: list[Example] = []
+        while len(examples) < count:
+            text = random_text(rng, self.min_length, self.max_length)
+            if split_of(text) != split:
+                continue
+            examples.append(
+                Example(
+                    example_id=len(examples),
+                    prompt=self._messages(text),
+                    answer=text[::-1],
+                    task=self.name,
+                    info={"text": text},
+                )
+            )
+        return examples
+
+    def reward(self, completion: str, example: Example) -> float:
+        return lcs_ratio(completion, example.answer)
+
+    def _messages(self, text: str) -> list[dict[str, str]]:
+        user = [{"role": "user", "content": text}]
+        if self.system_prompt:
+            return [{"role": "system", "content": self.system_prompt}, *user]
+        return user
+
+
+def load_environment(**kwargs: object) -> ReverseTextEnv:
+    return ReverseTextEnv(**kwargs)  # type: ignore[arg-type]
