@@ -1,0 +1,1 @@
+"""Metrics sinks and progress display."""

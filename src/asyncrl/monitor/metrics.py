@@ -1,0 +1,54 @@
+"""`metrics.jsonl`: one JSON object per step and role, appended and flushed line by line."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+
+class MetricsWriter:
+    """Appends `{"role", "step", "time", **metrics}` lines; a partial last line (a crash mid
+    write) is the only damage a reader can meet, and `read_metrics` skips it with a warning."""
+
+    def __init__(self, path: str | Path, role: str) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.role = role
+
+    def log(self, step: int, metrics: dict[str, Any]) -> None:
+        record = {"role": self.role, "step": step, "time": time.time()}
+        record.update({key: _plain(value) for key, value in metrics.items()})
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+
+def _plain(value: Any) -> Any:
+    """JSON has no NaN or inf: write them as null so every line stays valid JSON."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def read_metrics(path: str | Path, role: str | None = None) -> list[dict[str, Any]]:
+    """All complete records (optionally of one role); raises naming the file and line if a
+    line other than the last is not valid JSON."""
+    path = Path(path)
+    lines = path.read_text().splitlines()
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            if number == len(lines):
+                break  # torn last line from a crash mid-write
+            raise ValueError(f"{path}:{number}: not a JSON object ({error})") from error
+        if role is None or record.get("role") == role:
+            records.append(record)
+    return records

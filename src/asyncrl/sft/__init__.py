@@ -1,0 +1,1 @@
+"""Supervised warm-up: the checkpoint RL starts from."""

@@ -1,0 +1,1 @@
+"""The trainer role: model, packing, logprobs, loss, optimisation, weight broadcast."""

@@ -1,0 +1,49 @@
+"""Load a Hugging Face causal LM for training, and the precision context its recipe asks for.
+
+Recipes: `fp32` computes in float32; `bf16` keeps float32 master weights (and optimizer state)
+and runs forward/backward under bfloat16 autocast. With LoRA the frozen base is stored in
+bfloat16 under `bf16`, and the adapters stay float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from asyncrl.config.training import TrainingConfig
+
+
+def load_model(config: TrainingConfig) -> torch.nn.Module:
+    base_dtype = torch.bfloat16 if config.lora and config.recipe == "bf16" else torch.float32
+    model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
+        config.model,
+        dtype=base_dtype,
+        trust_remote_code=config.trust_remote_code,
+        attn_implementation="sdpa",
+    )
+    model.config.use_cache = False
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if not config.lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lora_config = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=config.lora_target_modules,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, lora_config)
+
+
+def precision_context(
+    recipe: str, device: torch.device | str = "cpu"
+) -> contextlib.AbstractContextManager:
+    """Wrap forward (and so backward) passes: bfloat16 autocast for `bf16`, nothing for `fp32`."""
+    if recipe == "bf16":
+        return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()

@@ -1,0 +1,88 @@
+"""Padding-free packing of variable-length samples into fixed-length rows.
+
+Samples are placed first-fit-decreasing into rows of `seq_len` tokens. Position ids restart at
+0 for every sample, which is how the model sees sample boundaries: with no attention mask,
+transformers builds a block-diagonal causal mask from restarting position ids (SDPA and eager
+on CPU), and flash-attention's varlen path does the same on GPU. The unused tail of a row is
+padding with its own restarting positions and no loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Sample:
+    input_ids: list[int]  # prompt + completion
+    loss_mask: list[bool]  # True where the token is a training target
+
+    def __post_init__(self) -> None:
+        if len(self.input_ids) != len(self.loss_mask):
+            raise ValueError(
+                f"sample has {len(self.input_ids)} tokens but {len(self.loss_mask)} mask entries"
+            )
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """A micro-batch of packed rows."""
+
+    input_ids: torch.Tensor  # [rows, seq_len] long
+    position_ids: torch.Tensor  # [rows, seq_len] long, restarting at 0 per sample
+    loss_mask: torch.Tensor  # [rows, seq_len] bool: token is a training target
+    sample_index: torch.Tensor  # [rows, seq_len] long: index into the samples, -1 = padding
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:
+    """Bins of item indices, each bin's total length <= capacity; longest items placed first."""
+    too_long = [index for index, length in enumerate(lengths) if length > capacity]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} sample(s) longer than seq_len {capacity} "
+            f"(first: index {too_long[0]}, {lengths[too_long[0]]} tokens)"
+        )
+    bins: list[list[int]] = []
+    free: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        for bin_index, room in enumerate(free):
+            if lengths[index] <= room:
+                bins[bin_index].append(index)
+                free[bin_index] -= lengths[index]
+                break
+        else:
+            bins.append([index])
+            free.append(capacity - lengths[index])
+    return bins
+
+
+def collate_rows(
+    rows: Sequence[Sequence[int]], samples: Sequence[Sample], seq_len: int, pad_token_id: int
+) -> PackedBatch:
+    """Lay out each row's samples end to end and pad the tail."""
+    shape = (len(rows), seq_len)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    loss_mask = torch.zeros(shape, dtype=torch.bool)
+    sample_index = torch.full(shape, -1, dtype=torch.long)
+    for row, members in enumerate(rows):
+        offset = 0
+        for member in members:
+            sample = samples[member]
+            end = offset + len(sample.input_ids)
+            if end > seq_len:
+                raise ValueError(f"row {row} holds {end} tokens, more than seq_len {seq_len}")
+            input_ids[row, offset:end] = torch.tensor(sample.input_ids)
+            position_ids[row, offset:end] = torch.arange(end - offset)
+            loss_mask[row, offset:end] = torch.tensor(sample.loss_mask)
+            sample_index[row, offset:end] = member
+            offset = end
+        position_ids[row, offset:] = torch.arange(seq_len - offset)
+    return PackedBatch(input_ids, position_ids, loss_mask, sample_index)

@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from asyncrl.monitor.metrics import MetricsWriter, read_metrics
+
+
+def test_one_line_per_step_and_role_read_back(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    MetricsWriter(path, "trainer").log(1, {"trainer/loss": 0.5})
+    MetricsWriter(path, "orchestrator").log(1, {"orchestrator/reward_mean": 0.25})
+    MetricsWriter(path, "trainer").log(2, {"trainer/loss": math.nan})
+    trainer = read_metrics(path, role="trainer")
+    assert [r["step"] for r in trainer] == [1, 2]
+    assert trainer[0]["trainer/loss"] == 0.5
+    assert trainer[1]["trainer/loss"] is None  # NaN written as null: every line stays JSON
+    assert len(read_metrics(path)) == 3
+
+
+def test_torn_last_line_is_skipped_but_a_corrupt_middle_line_names_the_file(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "metrics.jsonl"
+    MetricsWriter(path, "sft").log(1, {"sft/loss": 1.0})
+    with path.open("a") as handle:
+        handle.write('{"role": "sft", "step": 2, "sft/lo')
+    assert [r["step"] for r in read_metrics(path)] == [1]
+    with path.open("a") as handle:
+        handle.write("\n" + '{"role": "sft", "step": 3}\n')
+    with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a JSON object"):
+        read_metrics(path)
