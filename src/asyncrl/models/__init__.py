@@ -1,0 +1,1 @@
+"""Tiny models and tokenizers built locally, so that nothing needs a model hub."""

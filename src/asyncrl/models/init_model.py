@@ -1,0 +1,86 @@
+"""`asyncrl init-model`: a randomly initialised Llama- or Qwen2-shaped model, built locally.
+
+Saved with `save_pretrained` (safetensors + config + tokenizer + generation config), so
+`AutoModelForCausalLM`, `AutoTokenizer` and vLLM load it like a hub checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig, LlamaConfig, PretrainedConfig, Qwen2Config
+from transformers import AutoModelForCausalLM
+
+from asyncrl.config.init_model import InitModelConfig
+from asyncrl.log import get_logger
+from asyncrl.models.char_tokenizer import build_char_tokenizer
+
+logger = get_logger(__name__)
+
+VOCAB_SIZE = 128  # the character tokenizer's 101 tokens, rounded up for aligned matmuls
+MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    intermediate_size: int
+
+
+PRESETS = {
+    "tiny": Preset(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
+    "small": Preset(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1024),
+    "base": Preset(hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=4, intermediate_size=1536),
+}
+
+
+def model_config(preset_name: str, arch: str, pad_token_id: int, eos_token_id: int) -> PretrainedConfig:
+    preset = PRESETS[preset_name]
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=preset.hidden_size,
+        num_hidden_layers=preset.num_layers,
+        num_attention_heads=preset.num_heads,
+        num_key_value_heads=preset.num_kv_heads,
+        intermediate_size=preset.intermediate_size,
+        max_position_embeddings=MAX_POSITIONS,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        pad_token_id=pad_token_id,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+    )
+    if arch == "llama":
+        return LlamaConfig(**common)
+    return Qwen2Config(use_sliding_window=False, **common)
+
+
+def init_model(config: InitModelConfig) -> Path:
+    """Build, initialise with `config.seed`, save; returns the output directory."""
+    output_dir = Path(config.output_dir)
+    tokenizer = build_char_tokenizer(model_max_length=MAX_POSITIONS)
+    hf_config = model_config(
+        config.preset, config.arch, tokenizer.pad_token_id, tokenizer.eos_token_id
+    )
+    torch.manual_seed(config.seed)
+    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    num_params = sum(parameter.numel() for parameter in model.parameters())
+    logger.info(
+        "saved %s-shaped `%s` model (%.2f M parameters) to %s",
+        config.arch,
+        config.preset,
+        num_params / 1e6,
+        output_dir,
+    )
+    return output_dir
