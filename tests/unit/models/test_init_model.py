@@ -26,8 +26,9 @@ def test_saved_model_reloads_through_the_auto_classes(tmp_path: Path, arch: str)
     assert tokenizer(SAMPLE)["input_ids"] == reference(SAMPLE)["input_ids"]
     assert tokenizer.decode(tokenizer(SAMPLE)["input_ids"]) == SAMPLE
     messages = [{"role": "user", "content": "ab c"}]
-    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"] == (
-        reference.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert (
+        tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+        == (reference.apply_chat_template(messages, add_generation_prompt=True)["input_ids"])
     )
     assert tokenizer.eos_token == "<|im_end|>"
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
