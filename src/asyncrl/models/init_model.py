@@ -10,8 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import GenerationConfig, LlamaConfig, PretrainedConfig, Qwen2Config
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GenerationConfig,
+    LlamaConfig,
+    PretrainedConfig,
+    Qwen2Config,
+)
 
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.log import get_logger
@@ -33,13 +38,21 @@ class Preset:
 
 
 PRESETS = {
-    "tiny": Preset(hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384),
-    "small": Preset(hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1024),
-    "base": Preset(hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=4, intermediate_size=1536),
+    "tiny": Preset(
+        hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=384
+    ),
+    "small": Preset(
+        hidden_size=384, num_layers=6, num_heads=6, num_kv_heads=2, intermediate_size=1024
+    ),
+    "base": Preset(
+        hidden_size=512, num_layers=16, num_heads=8, num_kv_heads=4, intermediate_size=1536
+    ),
 }
 
 
-def model_config(preset_name: str, arch: str, pad_token_id: int, eos_token_id: int) -> PretrainedConfig:
+def model_config(
+    preset_name: str, arch: str, pad_token_id: int, eos_token_id: int
+) -> PretrainedConfig:
     preset = PRESETS[preset_name]
     common = dict(
         vocab_size=VOCAB_SIZE,
