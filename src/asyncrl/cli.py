@@ -37,6 +37,12 @@ def _sft(config: Any) -> None:
     run_sft(config)
 
 
+def _infer(config: Any) -> None:
+    from asyncrl.inference.server import serve
+
+    serve(config)
+
+
 def _eval(config: Any) -> None:
     from asyncrl.evaluate import run_eval
 
@@ -59,7 +65,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "sft": Command("Supervised warm-up on an environment's answers.", SFTConfig, _sft),
     "eval": Command("Score a model on an environment's held-out split.", EvalRunConfig, _eval),
-    "infer": Command("Inference server (OpenAI-compatible).", InferenceConfig, None),
+    "infer": Command("Inference server (OpenAI-compatible).", InferenceConfig, _infer),
     "orch": Command(
         "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, None
     ),

@@ -15,10 +15,11 @@ class InferenceConfig(StrictModel):
     """An OpenAI-compatible server that returns token ids and logprobs and reloads weights."""
 
     model: str = Field(description="Hugging Face model id or local path.")
-    backend: Literal["embedded", "vllm", "sglang"] = Field(
+    backend: Literal["embedded", "vllm", "sglang"] = planned(
         "embedded",
-        description="Engine behind the server: `embedded` (PyTorch + transformers), `vllm` or "
-        "`sglang` (launched as a child server).",
+        "Engine behind the server: `embedded` (PyTorch + transformers), `vllm` or `sglang` "
+        "(launched as a child server).",
+        feature="vLLM and SGLang backends",
     )
     host: str = Field(
         "127.0.0.1",
@@ -30,7 +31,24 @@ class InferenceConfig(StrictModel):
         description="Environment variable holding the bearer API key the server requires "
         "(unset or empty variable = no key required).",
     )
+    served_model_name: str | None = Field(
+        None, description="Name clients use in `model` (null = the `model` value)."
+    )
     dtype: Dtype = Field("auto", description="Weights and activations dtype.")
+    max_num_seqs: int = Field(
+        256, ge=1, description="Sequences generated together (KV cache slots)."
+    )
+    max_num_batched_tokens: int = Field(
+        8192, ge=1, description="Prompt tokens prefilled in one batched pass."
+    )
+    weight_roots: list[str] = Field(
+        default_factory=lambda: ["outputs"],
+        description="Directories under which weight and adapter updates may be read; "
+        "anything else is refused.",
+    )
+    max_request_bytes: int = Field(
+        16 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
     max_model_len: int | None = Field(
         None, gt=0, description="Maximum context length (prompt + completion); null = model's."
     )
@@ -50,8 +68,10 @@ class InferenceConfig(StrictModel):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights and KV cache."
     )
-    weight_broadcast_type: Literal["filesystem", "nccl"] = Field(
-        "filesystem", description="How weight updates arrive: `filesystem` or `nccl`."
+    weight_broadcast_type: Literal["filesystem", "nccl"] = planned(
+        "filesystem",
+        "How weight updates arrive: `filesystem` or `nccl`.",
+        feature="NCCL weight broadcast",
     )
     reasoning_parser: str | None = Field(
         None, description="Parser that splits reasoning content from the answer (vLLM)."

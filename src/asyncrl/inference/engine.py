@@ -1,0 +1,391 @@
+"""The embedded engine: continuous batching over a slot KV cache, in one background thread.
+
+Each loop iteration (1) runs queued control operations (weight loads) between steps, (2) admits
+waiting sequences into free cache slots and prefills them in one batched pass, and (3) advances
+every running sequence by one token in one batched decode pass. New requests therefore join the
+running batch between decode steps, and finished ones leave it at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from asyncrl.inference.kv_cache import SlotKVCache
+from asyncrl.inference.sampling import SamplingParams, SequenceView, sample
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+PauseMode = Literal["abort", "wait", "keep"]
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: str | int | None
+
+
+@dataclass
+class Sequence:
+    request: Request
+    index: int
+    generator: torch.Generator | None
+    slot: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    text: str = ""
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens whose keys/values are in the cache: the prompt and all outputs but the last."""
+        return len(self.request.prompt_ids) + max(0, len(self.output_ids) - 1)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    done: Future[list[CompletionOutput]]
+    sequences: list[Sequence] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_num_batched_tokens: int = 8192,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+        config = model.config
+        head_dim = (
+            getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        )
+        self.cache = SlotKVCache(
+            num_layers=config.num_hidden_layers,
+            num_slots=max_num_seqs,
+            num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+            max_len=max_model_len,
+            head_dim=head_dim,
+            dtype=next(model.parameters()).dtype,
+        )
+        eos = model.generation_config.eos_token_id if model.generation_config else None
+        eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+            eos_ids.append(tokenizer.eos_token_id)
+        self.eos_token_ids: list[int] = eos_ids
+        self._ids = itertools.count()
+        self._condition = threading.Condition()
+        self._waiting: deque[Sequence] = deque()
+        self._held: list[Request] = []  # arrived while paused or draining
+        self._running: list[Sequence] = []
+        self._operations: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._paused = False
+        self._draining = False
+        self._stopped = False
+        self.stats = EngineStats()
+        self._thread = threading.Thread(target=self._loop, name="asyncrl-engine", daemon=True)
+        self._thread.start()
+
+    # public, thread-safe -------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request:
+        request = Request(f"req-{next(self._ids)}", list(prompt_ids), params, n, Future())
+        for index in range(n):
+            generator = None
+            if params.seed is not None and not params.greedy:
+                generator = torch.Generator().manual_seed(params.seed + index)
+            request.sequences.append(Sequence(request, index, generator))
+        with self._condition:
+            if self._paused or self._draining:
+                self._held.append(request)
+            else:
+                self._waiting.extend(request.sequences)
+            self._condition.notify_all()
+        return request
+
+    def abort(self, request: Request) -> None:
+        with self._condition:
+            for sequence in request.sequences:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
+    def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `operation` on the engine thread between two steps; returns its result."""
+        future: Future[Any] = Future()
+        with self._condition:
+            self._operations.append((operation, future))
+            self._condition.notify_all()
+        return future.result(timeout=timeout)
+
+    def pause(self, mode: PauseMode) -> None:
+        """abort: end in-flight requests now; wait: let them finish; keep: freeze them in place.
+        Returns once paused. Requests that arrive while paused wait for `resume`."""
+        with self._condition:
+            if mode == "abort":
+                for sequence in [*self._running, *self._waiting]:
+                    self._finish(sequence, "abort")
+                self._paused = True
+            elif mode == "wait":
+                self._draining = True
+                self._condition.notify_all()
+                self._condition.wait_for(lambda: not self._running and not self._waiting)
+                self._draining = False
+                self._paused = True
+            else:
+                self._paused = True
+            self._condition.notify_all()
+
+    def resume(self) -> None:
+        with self._condition:
+            self._paused = False
+            for request in self._held:
+                self._waiting.extend(s for s in request.sequences if s.finish_reason is None)
+            self._held.clear()
+            self._condition.notify_all()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def load(self) -> tuple[int, int]:
+        """(running sequences, waiting sequences)."""
+        with self._condition:
+            held = sum(len(r.sequences) for r in self._held)
+            return len(self._running), len(self._waiting) + held
+
+    def shutdown(self) -> None:
+        with self._condition:
+            self._stopped = True
+            for sequence in [*self._running, *self._waiting]:
+                self._finish(sequence, "abort")
+            self._condition.notify_all()
+        self._thread.join(timeout=10)
+
+    # the loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(self._has_work)
+                if self._stopped:
+                    return
+                operations = list(self._operations)
+                self._operations.clear()
+            for operation, future in operations:
+                try:
+                    future.set_result(operation())
+                except Exception as error:  # reported to the caller, the engine lives on
+                    future.set_exception(error)
+            with self._condition:
+                if self._paused:
+                    continue
+            try:
+                self._step()
+            except Exception:  # a bug in a step must not leave clients waiting forever
+                logger.exception("engine step failed; aborting in-flight requests")
+                with self._condition:
+                    for sequence in [*self._running, *self._waiting]:
+                        self._finish(sequence, "abort")
+
+    def _has_work(self) -> bool:
+        if self._stopped or self._operations:
+            return True
+        return not self._paused and bool(self._running or self._waiting)
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        started = time.perf_counter()
+        admitted = self._admit()
+        produced = 0
+        if admitted:
+            self._forward(admitted, prefill=True)
+            produced += len(admitted)
+        decoding = [s for s in self._running if s not in admitted and s.finish_reason is None]
+        if decoding:
+            self._forward(decoding, prefill=False)
+            produced += len(decoding)
+        self.stats.record(produced, time.perf_counter() - started)
+
+    def _admit(self) -> list[Sequence]:
+        admitted: list[Sequence] = []
+        budget = self.max_num_batched_tokens
+        with self._condition:
+            while self._waiting and self.cache.free_slots:
+                sequence = self._waiting[0]
+                if sequence.finish_reason is not None:
+                    self._waiting.popleft()
+                    continue
+                cost = len(sequence.request.prompt_ids)
+                if admitted and cost > budget:
+                    break
+                self._waiting.popleft()
+                sequence.slot = self.cache.allocate()
+                self._running.append(sequence)
+                admitted.append(sequence)
+                budget -= cost
+        return admitted
+
+    def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
+        if prefill:
+            lengths = [len(s.request.prompt_ids) for s in sequences]
+            width = max(lengths)
+            rows = [
+                s.request.prompt_ids + [0] * (width - len(s.request.prompt_ids)) for s in sequences
+            ]
+            starts = [0] * len(sequences)
+        else:
+            lengths = [1] * len(sequences)
+            width = 1
+            rows = [[s.output_ids[-1]] for s in sequences]
+            starts = [s.cached_len for s in sequences]
+        self.cache.prepare([s.slot for s in sequences], starts, width)  # type: ignore[misc]
+        logits = self.model(
+            input_ids=torch.tensor(rows),
+            position_ids=self.cache.position_ids(),
+            attention_mask=self.cache.attention_mask(),
+            past_key_values=self.cache,
+            use_cache=True,
+        ).logits  # [rows, width, vocab]
+        last = torch.tensor(lengths) - 1
+        step_logits = logits[torch.arange(len(sequences)), last]  # [rows, vocab]
+        views = (
+            [
+                SequenceView(
+                    params=s.request.params,
+                    token_history=torch.tensor(s.request.prompt_ids + s.output_ids),
+                    num_generated=len(s.output_ids),
+                    generator=s.generator,
+                )
+                for s in sequences
+            ]
+            if any(s.request.params.repetition_penalty != 1.0 for s in sequences)
+            else [
+                SequenceView(s.request.params, _EMPTY, len(s.output_ids), s.generator)
+                for s in sequences
+            ]
+        )
+        result = sample(step_logits, views, self.eos_token_ids)
+        tokens = result.tokens.tolist()
+        chosen = result.logprobs.tolist()
+        with self._condition:
+            for row, sequence in enumerate(sequences):
+                if sequence.finish_reason is not None:  # aborted during the forward pass
+                    continue
+                sequence.output_ids.append(tokens[row])
+                sequence.logprobs.append(chosen[row])
+                wanted = sequence.request.params.logprobs or 0
+                if wanted and result.top_ids is not None and result.top_logprobs is not None:
+                    ids = result.top_ids[row, :wanted].tolist()
+                    values = result.top_logprobs[row, :wanted].tolist()
+                    sequence.top_logprobs.append(list(zip(ids, values, strict=True)))
+                self._check_finished(sequence)
+
+    def _check_finished(self, sequence: Sequence) -> None:
+        params = sequence.request.params
+        token = sequence.output_ids[-1]
+        if len(sequence.output_ids) >= params.min_tokens:
+            if token in params.stop_token_ids:
+                return self._finish(sequence, "stop", token)
+            if token in self.eos_token_ids and not params.ignore_eos:
+                return self._finish(sequence, "stop")
+        if params.stop:
+            text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
+            for stop in params.stop:
+                position = text.find(stop)
+                if position != -1 and len(sequence.output_ids) >= params.min_tokens:
+                    sequence.text = text[:position]
+                    return self._finish(sequence, "stop", stop, keep_text=True)
+        total = len(sequence.request.prompt_ids) + len(sequence.output_ids)
+        if len(sequence.output_ids) >= params.max_tokens or total >= self.max_model_len:
+            return self._finish(sequence, "length")
+        return None
+
+    def _finish(
+        self,
+        sequence: Sequence,
+        reason: str,
+        stop_reason: str | int | None = None,
+        *,
+        keep_text: bool = False,
+    ) -> None:
+        """Called with the condition held."""
+        sequence.finish_reason = reason
+        sequence.stop_reason = stop_reason
+        if not keep_text:
+            sequence.text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
+        if sequence in self._running:
+            self._running.remove(sequence)
+        if sequence.slot is not None:
+            self.cache.release(sequence.slot)
+            sequence.slot = None
+        request = sequence.request
+        if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
+            request.done.set_result([_output(s) for s in request.sequences])
+        self._condition.notify_all()
+
+
+_EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def _output(sequence: Sequence) -> CompletionOutput:
+    return CompletionOutput(
+        index=sequence.index,
+        token_ids=list(sequence.output_ids),
+        text=sequence.text,
+        logprobs=list(sequence.logprobs),
+        top_logprobs=list(sequence.top_logprobs),
+        finish_reason=sequence.finish_reason or "abort",
+        stop_reason=sequence.stop_reason,
+    )
+
+
+class EngineStats:
+    """Counters for /metrics: generated tokens, and throughput over a recent window."""
+
+    def __init__(self, window_seconds: float = 10.0) -> None:
+        self.generated_tokens = 0
+        self.window_seconds = window_seconds
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def record(self, tokens: int, _elapsed: float) -> None:
+        now = time.monotonic()
+        self.generated_tokens += tokens
+        self._recent.append((now, tokens))
+        while self._recent and self._recent[0][0] < now - self.window_seconds:
+            self._recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._recent if t >= now - self.window_seconds]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span

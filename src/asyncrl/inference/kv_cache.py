@@ -1,0 +1,105 @@
+"""A slot-based KV cache: each running sequence owns one slot; sequences join and leave freely.
+
+Keys and values live in preallocated tensors [slots, kv_heads, max_len, head_dim] per layer, each
+sequence's tokens at positions 0..length-1 of its slot (no padding inside a sequence). A forward
+pass names the slots it runs and the position its new tokens start at; the model's attention
+calls `update`, which writes the new keys/values there and returns the keys/values of those slots
+up to the longest one. A 4-D boolean mask built by `attention_mask` hides each slot's unused
+tail and keeps attention causal, so rows of different lengths share one batched pass.
+
+It is passed to a transformers model as `past_key_values`: in transformers 5 the attention layers
+only call `update(key_states, value_states, layer_idx)`, and a ready 4-D mask is used as is.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.free_slots = list(range(num_slots - 1, -1, -1))
+        # set by `prepare` before each forward pass
+        self._slots = torch.zeros(0, dtype=torch.long)
+        self._starts = torch.zeros(0, dtype=torch.long)
+        self._kv_len = 0
+        self._contiguous: slice | None = None
+
+    # slot bookkeeping -------------------------------------------------------------------------
+    def allocate(self) -> int:
+        if not self.free_slots:
+            raise RuntimeError("no free KV cache slot")
+        return self.free_slots.pop()
+
+    def release(self, slot: int) -> None:
+        self.free_slots.append(slot)
+
+    @property
+    def used_slots(self) -> int:
+        return self.num_slots - len(self.free_slots)
+
+    # one forward pass ---------------------------------------------------------------------------
+    def prepare(self, slots: list[int], starts: list[int], num_new: int) -> None:
+        """The next forward writes `num_new` tokens per row at positions starts[i].. of slots[i]."""
+        self._slots = torch.tensor(slots, dtype=torch.long)
+        self._starts = torch.tensor(starts, dtype=torch.long)
+        self._num_new = num_new
+        self._kv_len = max(starts) + num_new
+        if self._kv_len > self.max_len:
+            raise ValueError(
+                f"sequence would reach {self._kv_len} tokens, cache holds {self.max_len}"
+            )
+        first = slots[0]
+        is_range = slots == list(range(first, first + len(slots)))
+        self._contiguous = slice(first, first + len(slots)) if is_range else None
+
+    def attention_mask(self) -> torch.Tensor:
+        """[rows, 1, num_new, kv_len] bool: query j of row i (at position starts[i]+j) sees keys
+        at positions <= starts[i]+j. Keys beyond belong to other sequences' past or are unused."""
+        query_positions = self._starts.unsqueeze(1) + torch.arange(self._num_new)  # [rows, new]
+        key_positions = torch.arange(self._kv_len)
+        return (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(-1)).unsqueeze(1)
+
+    def position_ids(self) -> torch.Tensor:
+        return self._starts.unsqueeze(1) + torch.arange(self._num_new)  # [rows, new]
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """[rows, kv_heads, num_new, head_dim] in -> [rows, kv_heads, kv_len, head_dim] out."""
+        keys, values = self.keys[layer_idx], self.values[layer_idx]
+        if self._num_new == 1:
+            keys[self._slots, :, self._starts] = key_states[:, :, 0]
+            values[self._slots, :, self._starts] = value_states[:, :, 0]
+        else:
+            for row in range(len(self._slots)):
+                slot, start = int(self._slots[row]), int(self._starts[row])
+                keys[slot, :, start : start + self._num_new] = key_states[row]
+                values[slot, :, start : start + self._num_new] = value_states[row]
+        if self._contiguous is not None:
+            return keys[self._contiguous, :, : self._kv_len], values[
+                self._contiguous, :, : self._kv_len
+            ]
+        return keys[self._slots, :, : self._kv_len], values[self._slots, :, : self._kv_len]
+
+    # what transformers may ask of a cache --------------------------------------------------------
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._kv_len
+
+    @property
+    def is_compileable(self) -> bool:
+        return False

@@ -1,0 +1,32 @@
+"""`/metrics` in Prometheus text format: throughput, queue lengths, KV cache use."""
+
+from __future__ import annotations
+
+from asyncrl.inference.engine import Engine
+
+
+def render_metrics(engine: Engine, model_name: str) -> str:
+    running, waiting = engine.load()
+    cache = engine.cache
+    label = f'{{model_name="{model_name}"}}'
+    lines = [
+        "# HELP asyncrl:generation_tokens_total Tokens generated since start.",
+        "# TYPE asyncrl:generation_tokens_total counter",
+        f"asyncrl:generation_tokens_total{label} {engine.stats.generated_tokens}",
+        "# HELP asyncrl:tokens_per_s Generated tokens per second over the last 10 s.",
+        "# TYPE asyncrl:tokens_per_s gauge",
+        f"asyncrl:tokens_per_s{label} {engine.stats.tokens_per_second():.3f}",
+        "# HELP asyncrl:num_requests_running Sequences in the running batch.",
+        "# TYPE asyncrl:num_requests_running gauge",
+        f"asyncrl:num_requests_running{label} {running}",
+        "# HELP asyncrl:num_requests_waiting Sequences waiting for a slot (or for resume).",
+        "# TYPE asyncrl:num_requests_waiting gauge",
+        f"asyncrl:num_requests_waiting{label} {waiting}",
+        "# HELP asyncrl:kv_cache_usage_perc Fraction of KV cache slots in use.",
+        "# TYPE asyncrl:kv_cache_usage_perc gauge",
+        f"asyncrl:kv_cache_usage_perc{label} {cache.used_slots / cache.num_slots:.4f}",
+        "# HELP asyncrl:is_paused 1 while generation is paused.",
+        "# TYPE asyncrl:is_paused gauge",
+        f"asyncrl:is_paused{label} {int(engine.is_paused)}",
+    ]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""Turn a decode step's logits into sampled tokens and their logprobs, per request.
+
+Logprob semantics (the contract the trainer relies on): the logprob of a token is taken from the
+distribution it was actually sampled from — logits after repetition penalty, `min_tokens` EOS
+suppression, temperature and top-k / top-p truncation, renormalised. This is vLLM's
+`processed_logprobs` mode. With temperature 1 and no truncation it is the model's plain
+log-softmax; greedy requests (temperature 0) report the log-softmax at temperature 1.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0: off
+    repetition_penalty: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    seed: int | None = None
+    logprobs: int | None = None  # number of top logprobs per token (0 = only the sampled one)
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class SequenceView:
+    """What sampling needs to know about one running sequence."""
+
+    params: SamplingParams
+    token_history: torch.Tensor  # [prompt + generated] long, for the repetition penalty
+    num_generated: int
+    generator: torch.Generator | None
+
+
+def process_logits(
+    logits: torch.Tensor, sequences: list[SequenceView], eos_token_ids: list[int]
+) -> torch.Tensor:
+    """[batch, vocab] float32 logits of the distributions to sample from (see module doc)."""
+    logits = logits.float().clone()
+    for row, sequence in enumerate(sequences):
+        params = sequence.params
+        if params.repetition_penalty != 1.0:
+            seen = torch.unique(sequence.token_history)
+            values = logits[row, seen]
+            logits[row, seen] = torch.where(
+                values > 0, values / params.repetition_penalty, values * params.repetition_penalty
+            )
+        if sequence.num_generated < params.min_tokens:
+            banned = [*eos_token_ids, *params.stop_token_ids]
+            logits[row, banned] = float("-inf")
+    temperatures = torch.tensor(
+        [s.params.temperature if not s.params.greedy else 1.0 for s in sequences]
+    ).unsqueeze(1)
+    logits = logits / temperatures
+    if any(_truncates(s.params) for s in sequences):
+        logits = _truncate(logits, sequences)
+    return logits
+
+
+def _truncates(params: SamplingParams) -> bool:
+    return params.top_k > 0 or params.top_p < 1.0
+
+
+def _truncate(logits: torch.Tensor, sequences: list[SequenceView]) -> torch.Tensor:
+    """Top-k then top-p (nucleus) per row; removed tokens get -inf."""
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in sequences])
+    top_p = torch.tensor([s.params.top_p for s in sequences]).unsqueeze(1)
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    ranks = torch.arange(vocab).unsqueeze(0)
+    remove = ranks >= top_k.unsqueeze(1)
+    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs  # probability of strictly better tokens
+    remove |= mass_before >= top_p
+    remove[:, 0] = False  # always keep the most likely token
+    return logits.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+
+
+@dataclass(frozen=True)
+class SampleResult:
+    tokens: torch.Tensor  # [batch] long
+    logprobs: torch.Tensor  # [batch] float32: logprob of each sampled token
+    top_ids: torch.Tensor | None  # [batch, k] long, when any sequence asked for top logprobs
+    top_logprobs: torch.Tensor | None  # [batch, k] float32
+
+
+def sample(
+    logits: torch.Tensor, sequences: list[SequenceView], eos_token_ids: list[int]
+) -> SampleResult:
+    """Sample one token per row from `process_logits`; seeded rows use their own generator."""
+    processed = process_logits(logits, sequences, eos_token_ids)
+    logprobs_all = torch.log_softmax(processed, dim=-1)  # [batch, vocab]
+    probs = logprobs_all.exp()
+    tokens = torch.argmax(processed, dim=-1)
+    sampled_rows = [row for row, s in enumerate(sequences) if not s.params.greedy]
+    shared_rows = [row for row in sampled_rows if sequences[row].generator is None]
+    if shared_rows:
+        tokens[shared_rows] = torch.multinomial(probs[shared_rows], 1).squeeze(1)
+    for row in sampled_rows:
+        generator = sequences[row].generator
+        if generator is not None:
+            tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
+    chosen = torch.gather(logprobs_all, 1, tokens.unsqueeze(1)).squeeze(1)
+    wanted = max((s.params.logprobs or 0) for s in sequences)
+    if wanted > 0:
+        top_logprobs, top_ids = torch.topk(logprobs_all, min(wanted, logprobs_all.shape[-1]))
+        return SampleResult(tokens, chosen, top_ids, top_logprobs)
+    return SampleResult(tokens, chosen, None, None)

@@ -1,0 +1,155 @@
+"""What the server serves: the model, its name, the weights' version and fingerprint, LoRA.
+
+Every change to weights runs on the engine thread between decode steps (`Engine.run_exclusive`),
+so no forward pass ever sees half-updated weights. Sequences in flight continue with the new
+weights; their earlier tokens keep the version that produced them.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asyncrl.inference.engine import Engine
+from asyncrl.inference.weights import (
+    LoraAdapter,
+    WeightLoadError,
+    apply_lora,
+    load_full_weights,
+    read_lora_adapter,
+    resolve_under_roots,
+)
+from asyncrl.log import get_logger
+from asyncrl.transport.fingerprint import weights_fingerprint
+
+logger = get_logger(__name__)
+
+STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    version: int
+    fingerprint: str
+    weight_dir: str | None
+    lora_name: str | None
+
+
+class ServedModel:
+    def __init__(
+        self,
+        engine: Engine,
+        name: str,
+        weight_roots: list[str],
+        enable_lora: bool,
+        max_lora_rank: int | None,
+    ) -> None:
+        self.engine = engine
+        self.name = name
+        self.weight_roots = weight_roots
+        self.enable_lora = enable_lora
+        self.max_lora_rank = max_lora_rank
+        self._lock = threading.Lock()
+        self._version = 0
+        self._weight_dir: str | None = None
+        self._adapter: LoraAdapter | None = None
+        self._base_weights: dict[str, torch.Tensor] = {}
+        self._fingerprint = self._compute_fingerprint()
+
+    # reading -------------------------------------------------------------------------------------
+    def info(self) -> WeightInfo:
+        with self._lock:
+            return WeightInfo(
+                self._version,
+                self._fingerprint,
+                self._weight_dir,
+                self._adapter.name if self._adapter else None,
+            )
+
+    @property
+    def adapter_name(self) -> str | None:
+        return self._adapter.name if self._adapter else None
+
+    def model_names(self) -> list[str]:
+        adapter = self.adapter_name
+        return [self.name] + ([adapter] if adapter else [])
+
+    # changing weights ----------------------------------------------------------------------------
+    def update_weights(self, weight_dir: str, version: int | None) -> WeightInfo:
+        directory = resolve_under_roots(weight_dir, self.weight_roots)
+        resolved_version = version if version is not None else _step_of(directory)
+
+        def load() -> None:
+            load_full_weights(self.engine.model, directory)
+            # a full update replaces the base: a merged adapter would now be stale
+            self._base_weights = {}
+            self._adapter = None
+            self._set(resolved_version, str(directory))
+
+        self.engine.run_exclusive(load)
+        logger.info("loaded weights from %s (version %s)", directory, resolved_version)
+        return self.info()
+
+    def load_lora(
+        self, name: str, path: str, load_inplace: bool, version: int | None
+    ) -> WeightInfo:
+        if not self.enable_lora:
+            raise WeightLoadError("LoRA is disabled on this server (inference.enable_lora: false)")
+        if self._adapter is not None and self._adapter.name != name:
+            raise WeightLoadError(
+                f"adapter `{self._adapter.name}` is loaded; unload it first (one adapter at a time)"
+            )
+        if self._adapter is not None and not load_inplace:
+            raise WeightLoadError(f"adapter `{name}` is already loaded; pass load_inplace: true")
+        directory = resolve_under_roots(path, self.weight_roots)
+        adapter = read_lora_adapter(name, directory, self.engine.model)
+        if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:
+            raise WeightLoadError(
+                f"adapter rank {adapter.rank} exceeds inference.max_lora_rank {self.max_lora_rank}"
+            )
+        resolved_version = version if version is not None else _step_of(directory)
+
+        def load() -> None:
+            parameters = dict(self.engine.model.named_parameters())
+            for target in adapter.deltas:
+                if target not in self._base_weights:
+                    self._base_weights[target] = parameters[target].detach().clone()
+            apply_lora(self.engine.model, self._base_weights, adapter)
+            self._adapter = adapter
+            self._set(resolved_version, str(directory))
+
+        self.engine.run_exclusive(load)
+        logger.info("loaded LoRA adapter `%s` from %s", name, directory)
+        return self.info()
+
+    def unload_lora(self, name: str) -> WeightInfo:
+        if self._adapter is None or self._adapter.name != name:
+            raise WeightLoadError(f"adapter `{name}` is not loaded")
+
+        def unload() -> None:
+            apply_lora(self.engine.model, self._base_weights, None)
+            self._adapter = None
+            self._set(self._version, self._weight_dir)
+
+        self.engine.run_exclusive(unload)
+        return self.info()
+
+    def _set(self, version: int, weight_dir: str | None) -> None:
+        fingerprint = self._compute_fingerprint()
+        with self._lock:
+            self._version = version
+            self._weight_dir = weight_dir
+            self._fingerprint = fingerprint
+
+    def _compute_fingerprint(self) -> str:
+        return weights_fingerprint(self.engine.model.named_parameters())
+
+
+def _step_of(directory: Path) -> int:
+    """`.../step_12` -> 12; anything else -> 0 (callers should pass `version`)."""
+    match = STEP_DIR.search(directory.name)
+    return int(match.group(1)) if match else 0

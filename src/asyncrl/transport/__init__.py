@@ -1,0 +1,1 @@
+"""What crosses process boundaries: rollout batches and weights."""
