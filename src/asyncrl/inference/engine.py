@@ -40,7 +40,7 @@ class CompletionOutput:
     stop_reason: str | int | None
 
 
-@dataclass
+@dataclass(eq=False)  # identity: sequences are compared and removed in the hot loop
 class Sequence:
     request: Request
     index: int
@@ -59,7 +59,7 @@ class Sequence:
         return len(self.request.prompt_ids) + max(0, len(self.output_ids) - 1)
 
 
-@dataclass
+@dataclass(eq=False)
 class Request:
     request_id: str
     prompt_ids: list[int]
@@ -228,13 +228,15 @@ class Engine:
         if admitted:
             self._forward(admitted, prefill=True)
             produced += len(admitted)
-        decoding = [s for s in self._running if s not in admitted and s.finish_reason is None]
+        new = {id(s) for s in admitted}
+        decoding = [s for s in self._running if id(s) not in new and s.finish_reason is None]
         if decoding:
             self._forward(decoding, prefill=False)
             produced += len(decoding)
         self.stats.record(produced, time.perf_counter() - started)
 
     def _admit(self) -> list[Sequence]:
+        """Move waiting sequences into free slots, up to the prefill token budget."""
         admitted: list[Sequence] = []
         budget = self.max_num_batched_tokens
         with self._condition:

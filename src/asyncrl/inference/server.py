@@ -118,10 +118,17 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
                 "by name or unload it to serve the base model",
             )
 
-    def check_lengths(prompt_ids: list[int], max_tokens: int | None) -> int:
+    vocab_size = int(engine.model.config.vocab_size)
+
+    def check_prompt(prompt_ids: list[int], max_tokens: int | None) -> int:
+        """The token budget of a prompt, or a 400 saying why it cannot be served."""
         limit = engine.max_model_len
         if not prompt_ids:
             raise APIError(400, "the prompt is empty")
+        if max(prompt_ids) >= vocab_size:
+            raise APIError(
+                400, f"prompt token id {max(prompt_ids)} >= vocabulary size {vocab_size}"
+            )
         if len(prompt_ids) >= limit:
             raise APIError(400, f"prompt has {len(prompt_ids)} tokens; max_model_len is {limit}")
         if max_tokens is None:
@@ -163,13 +170,13 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
         return {"object": "list", "data": data}
 
     @app.post("/v1/completions", dependencies=guarded)
-    async def completions(body: protocol.CompletionRequest) -> dict[str, Any]:
+    async def completions(body: protocol.CompletionRequest) -> JSONResponse:
         resolve_model(body.model)
         prompts = [
             p if isinstance(p, list) else tokenizer(p, add_special_tokens=True)["input_ids"]
             for p in body.prompts()
         ]
-        budgets = [check_lengths(ids, body.max_tokens) for ids in prompts]
+        budgets = [check_prompt(ids, body.max_tokens) for ids in prompts]
         results = await asyncio.gather(
             *[
                 run(ids, body.sampling_params(budget, body.logprobs), body.n)
@@ -185,10 +192,10 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
         response = protocol.envelope("text_completion", body.model or served.model_names()[-1])
         response["choices"] = choices
         response["usage"] = protocol.usage(sum(len(p) for p in prompts), completion_tokens)
-        return response
+        return JSONResponse(response)
 
     @app.post("/v1/chat/completions", dependencies=guarded)
-    async def chat_completions(body: protocol.ChatCompletionRequest) -> dict[str, Any]:
+    async def chat_completions(body: protocol.ChatCompletionRequest) -> JSONResponse:
         resolve_model(body.model)
         prompt_ids = _apply_chat_template(tokenizer, body)
         max_tokens = (
@@ -196,7 +203,7 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
             if body.max_completion_tokens is not None
             else (body.max_tokens)
         )
-        budget = check_lengths(prompt_ids, max_tokens)
+        budget = check_prompt(prompt_ids, max_tokens)
         top = (body.top_logprobs or 0) if body.logprobs else None
         outputs = await run(prompt_ids, body.sampling_params(budget, top), body.n)
         response = protocol.envelope("chat.completion", body.model or served.model_names()[-1])
@@ -204,7 +211,7 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
         response["usage"] = protocol.usage(len(prompt_ids), sum(len(o.token_ids) for o in outputs))
         if body.return_token_ids:
             response["prompt_token_ids"] = prompt_ids
-        return response
+        return JSONResponse(response)
 
     @app.post("/tokenize", dependencies=guarded)
     async def tokenize(body: protocol.TokenizeRequest) -> dict[str, Any]:

@@ -64,15 +64,16 @@ def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
         raise WeightLoadError(
             f"{directory}: does not fit the model (missing {missing[:3]}, unknown {unknown[:3]})"
         )
+    mismatched = [
+        f"`{name}` {tuple(tensor.shape)} vs model {tuple(parameters[name].shape)}"
+        for name, tensor in tensors.items()
+        if parameters[name].shape != tensor.shape
+    ]
+    if mismatched:  # checked before copying anything: a refused update changes nothing
+        raise WeightLoadError(f"{directory}: shape mismatch: {'; '.join(mismatched[:3])}")
     with torch.no_grad():
         for name, tensor in tensors.items():
-            target = parameters[name]
-            if target.shape != tensor.shape:
-                raise WeightLoadError(
-                    f"{directory}: `{name}` has shape {tuple(tensor.shape)}, "
-                    f"model has {tuple(target.shape)}"
-                )
-            target.copy_(tensor.to(target.dtype))
+            parameters[name].copy_(tensor.to(parameters[name].dtype))
 
 
 def _is_tied(model: torch.nn.Module, name: str) -> bool:

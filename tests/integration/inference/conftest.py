@@ -4,7 +4,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.servers import running_server
+
+from asyncrl.launch.inference_process import inference_server
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +17,7 @@ def weight_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def server_url(tiny_model_dir: Path, weight_root: Path) -> Iterator[str]:
     """One embedded server for the read-only tests of the session."""
-    with running_server(
+    with inference_server(
         tiny_model_dir,
         "--max_model_len", "256",
         "--weight_roots", f"[{weight_root}]",

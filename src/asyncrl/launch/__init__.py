@@ -1,0 +1,1 @@
+"""Starting roles as child processes: locally now, on Ray later."""

@@ -1,0 +1,66 @@
+"""The engine in-process: continuous batching gives the same tokens as one request at a time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncrl.inference.engine import Engine
+from asyncrl.inference.sampling import SamplingParams
+
+
+@pytest.fixture
+def engine(tiny_model_dir: Path) -> Iterator[Engine]:
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = Engine(model, tokenizer, max_num_seqs=8, max_model_len=512)
+    yield engine
+    engine.shutdown()
+
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+PROMPTS = [[70, 71, 72], [80], [90, 91, 92, 93, 94, 95, 96], [75, 76], [85, 86, 87, 88]]
+
+
+def test_greedy_tokens_equal_whether_batched_or_alone(engine: Engine) -> None:
+    alone = [engine.submit(p, GREEDY).done.result(timeout=60)[0].token_ids for p in PROMPTS]
+    # staggered arrivals: each request joins while the earlier ones are mid-decode
+    requests = []
+    for prompt in PROMPTS:
+        requests.append(engine.submit(prompt, GREEDY))
+        time.sleep(0.01)
+    batched = [r.done.result(timeout=60)[0].token_ids for r in requests]
+    assert batched == alone
+
+
+def test_a_request_joins_a_running_batch_and_leaves_without_waiting(engine: Engine) -> None:
+    long = engine.submit([70, 71], SamplingParams(max_tokens=400, temperature=0.0, ignore_eos=True))
+    while not long.sequences[0].output_ids:
+        time.sleep(0.001)
+    short = engine.submit([80], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    short_output = short.done.result(timeout=60)[0]
+    produced_by_long = len(long.sequences[0].output_ids)
+    assert len(short_output.token_ids) == 3
+    assert 0 < produced_by_long < 400  # the short one finished while the long one ran
+    assert long.done.result(timeout=120)[0].finish_reason == "length"
+
+
+def test_more_requests_than_slots_all_complete(engine: Engine) -> None:
+    params = SamplingParams(max_tokens=5, temperature=1.0, ignore_eos=True)
+    requests = [engine.submit([70 + i % 20], params) for i in range(30)]  # 8 slots
+    outputs = [r.done.result(timeout=120)[0] for r in requests]
+    assert all(len(o.token_ids) == 5 for o in outputs)
+    assert engine.cache.used_slots == 0
+
+
+def test_max_model_len_ends_a_sequence_with_length(engine: Engine) -> None:
+    prompt = [70 + i % 26 for i in range(500)]
+    output = engine.submit(prompt, SamplingParams(max_tokens=100, ignore_eos=True)).done.result(
+        timeout=60
+    )[0]
+    assert output.finish_reason == "length" and len(output.token_ids) == 12

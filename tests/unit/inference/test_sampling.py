@@ -1,0 +1,87 @@
+"""Sampling maths against hand-worked distributions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from asyncrl.inference.sampling import SamplingParams, SequenceView, process_logits, sample
+
+EMPTY = torch.zeros(0, dtype=torch.long)
+
+
+def view(
+    params: SamplingParams, history: list[int] | None = None, generated: int = 5
+) -> SequenceView:
+    return SequenceView(params, torch.tensor(history or [], dtype=torch.long), generated, None)
+
+
+def test_temperature_divides_logits() -> None:
+    logits = torch.tensor([[1.0, 2.0, 4.0]])
+    out = process_logits(logits, [view(SamplingParams(temperature=0.5))], eos_token_ids=[])
+    assert out.tolist() == [[2.0, 4.0, 8.0]]
+
+
+def test_greedy_reports_logprobs_at_temperature_one() -> None:
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # probabilities 1/4, 3/4
+    result = sample(logits, [view(SamplingParams(temperature=0.0))], eos_token_ids=[])
+    assert result.tokens.tolist() == [1]
+    assert result.logprobs.item() == pytest.approx(math.log(0.75))
+
+
+def test_top_k_keeps_the_k_best() -> None:
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    out = process_logits(logits, [view(SamplingParams(top_k=2))], eos_token_ids=[])
+    assert torch.isinf(out[0, [0, 3]]).all() and out[0, [1, 2]].tolist() == [3.0, 2.0]
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    # probabilities 0.5, 0.3, 0.15, 0.05 (logits are their logs)
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().unsqueeze(0)
+    kept = lambda p: ~torch.isinf(process_logits(logits, [view(SamplingParams(top_p=p))], []))  # noqa: E731
+    assert kept(0.5)[0].tolist() == [True, False, False, False]  # 0.5 reaches 0.5
+    assert kept(0.6)[0].tolist() == [True, True, False, False]  # 0.5 < 0.6 <= 0.8
+    assert kept(0.9)[0].tolist() == [True, True, True, False]  # 0.8 < 0.9 <= 0.95
+    # logprob of a kept token is renormalised over the kept set
+    result = sample(logits, [view(SamplingParams(top_p=0.6, seed=None))], [])
+    token = result.tokens.item()
+    assert result.logprobs.item() == pytest.approx(math.log(probs[token] / 0.8), abs=1e-6)
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_logits() -> None:
+    logits = torch.tensor([[2.0, -1.0, 3.0]])
+    out = process_logits(
+        logits, [view(SamplingParams(repetition_penalty=2.0), history=[0, 1, 1])], []
+    )
+    assert out.tolist() == [[1.0, -2.0, 3.0]]
+
+
+def test_min_tokens_bans_end_of_sequence_until_reached() -> None:
+    logits = torch.tensor([[0.0, 5.0]])
+    params = SamplingParams(min_tokens=3, temperature=0.0)
+    early = sample(logits, [view(params, generated=2)], eos_token_ids=[1])
+    late = sample(logits, [view(params, generated=3)], eos_token_ids=[1])
+    assert early.tokens.item() == 0 and late.tokens.item() == 1
+
+
+def test_seeded_rows_ignore_the_rest_of_the_batch() -> None:
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+
+    def seeded() -> SequenceView:
+        return SequenceView(SamplingParams(seed=9), EMPTY, 0, torch.Generator().manual_seed(9))
+
+    alone = sample(logits[1:2], [seeded()], []).tokens.item()
+    for _ in range(5):
+        batch = [view(SamplingParams()), seeded(), view(SamplingParams())]
+        assert sample(logits, batch, []).tokens[1].item() == alone
+
+
+def test_sampling_follows_the_distribution() -> None:
+    logits = torch.tensor([[0.0, math.log(3.0)]]).repeat(4000, 1)
+    rows = [view(SamplingParams()) for _ in range(4000)]
+    torch.manual_seed(0)
+    share = sample(logits, rows, []).tokens.float().mean().item()
+    assert share == pytest.approx(0.75, abs=0.03)  # 4000 draws: std 0.007
