@@ -11,8 +11,10 @@ if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install --quiet)
+# pip warns once per package about unused local index folders; keep the log readable
+quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 if ! command -v nvidia-smi >/dev/null 2>&1; then
-    "${pip[@]}" "torch==2.13.0"
+    quiet "${pip[@]}" "torch==2.13.0"
 fi
-"${pip[@]}" -e ".[dev]"
+quiet "${pip[@]}" -e ".[dev]"
 echo "asyncrl installed in $venv"
