@@ -43,6 +43,12 @@ def _infer(config: Any) -> None:
     serve(config)
 
 
+def _train(config: Any) -> None:
+    from asyncrl.trainer.train import run_trainer
+
+    run_trainer(config)
+
+
 def _eval(config: Any) -> None:
     from asyncrl.evaluate import run_eval
 
@@ -69,7 +75,7 @@ COMMANDS: dict[str, Command] = {
     "orch": Command(
         "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, None
     ),
-    "train": Command("GRPO trainer.", TrainerConfig, None),
+    "train": Command("GRPO trainer.", TrainerConfig, _train),
     "rl": Command("Inference, orchestrator and trainer together.", RLConfig, None),
 }
 

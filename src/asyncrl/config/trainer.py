@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from asyncrl.config.base import StrictModel
+from asyncrl.config.base import StrictModel, planned
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import WeightBroadcastConfig
 
@@ -67,8 +67,8 @@ class TrainerConfig(TrainingConfig):
     ref_model_mixup_alpha: float = Field(
         0.6, ge=0, le=1, description="Weight of the policy when syncing the reference model."
     )
-    transport_type: Literal["filesystem", "zmq"] = Field(
-        "filesystem", description="How batches arrive from the orchestrator."
+    transport_type: Literal["filesystem", "zmq"] = planned(
+        "filesystem", "How batches arrive from the orchestrator.", feature="zmq rollout transport"
     )
     max_async_level: int = Field(
         1, ge=0, description="How many weight broadcasts may be in flight."

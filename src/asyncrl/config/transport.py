@@ -6,18 +6,22 @@ from typing import Literal
 
 from pydantic import Field
 
-from asyncrl.config.base import StrictModel
+from asyncrl.config.base import StrictModel, planned
 
 
 class RolloutTransportConfig(StrictModel):
-    type: Literal["filesystem", "zmq"] = Field("filesystem", description="`filesystem` or `zmq`.")
+    type: Literal["filesystem", "zmq"] = planned(
+        "filesystem", "`filesystem` or `zmq`.", feature="zmq rollout transport"
+    )
     host: str = Field("localhost", description="(zmq) Bind host.")
     port: int = Field(5555, ge=1, le=65535, description="(zmq) Bind port.")
     hwm: int = Field(10, gt=0, description="(zmq) High-water mark (max queued messages).")
 
 
 class WeightBroadcastConfig(StrictModel):
-    type: Literal["filesystem", "nccl"] = Field("filesystem", description="`filesystem` or `nccl`.")
+    type: Literal["filesystem", "nccl"] = planned(
+        "filesystem", "`filesystem` or `nccl`.", feature="NCCL weight broadcast"
+    )
     host: str = Field("localhost", description="(nccl) Rendezvous host.")
     port: int = Field(29501, ge=1, le=65535, description="(nccl) Rendezvous port.")
     timeout: float = Field(1200, gt=0, description="(nccl) Timeout in seconds.")

@@ -26,7 +26,7 @@ from asyncrl.fs import atomic_directory
 from asyncrl.log import console, get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.sft.data import sft_sample
-from asyncrl.trainer.logprobs import token_logprobs
+from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.model import load_model, precision_context
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.packing import Sample, collate_rows, first_fit_decreasing
@@ -115,8 +115,8 @@ def train_step(
     total_loss = 0.0
     for batch in micro_batches:
         with precision_context(config.recipe):
-            logprobs = token_logprobs(model, batch)  # [rows, seq_len]
-        loss = -(logprobs * batch.loss_mask).sum() / loss_tokens
+            logprobs = completion_logprobs(model, batch).logprobs  # [loss tokens]
+        loss = -logprobs.sum() / loss_tokens
         loss.backward()
         total_loss += loss.item()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)

@@ -1,26 +1,88 @@
-"""Per-token logprobs of the tokens actually in a (packed) sequence under the current model."""
+"""Per-token logprobs (and entropy) of the trained tokens of a packed micro-batch.
+
+The decoder runs once over the packed rows; the LM head then runs over the hidden states of the
+positions that predict a loss token only, in chunks of `chunk_size` tokens, each chunk under
+activation checkpointing. So the `[tokens × vocab]` logits never exist at once, neither in the
+forward pass nor among the tensors autograd keeps for the backward pass (it recomputes one
+chunk's logits at a time). Logits are divided by each token's sampling temperature before the
+softmax, as the inference engine did when it sampled.
+
+Assumes logits = lm_head(final hidden state), true of Llama- and Qwen-family models; a model
+that post-processes logits (soft-capping, scaling) needs that step added here.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from asyncrl.trainer.packing import PackedBatch
 
 
-def token_logprobs(
-    model: torch.nn.Module, batch: PackedBatch, temperature: float = 1.0
-) -> torch.Tensor:
-    """[rows, seq_len] float32: entry t is log p(token t | tokens < t of its sample).
+@dataclass(frozen=True)
+class TokenLogprobs:
+    logprobs: torch.Tensor  # [T] float32, with grad: log p(token | its prefix) at temperature
+    entropy: torch.Tensor  # [T] float32, detached: entropy of the same distribution
 
-    Entry 0 of each row, and the first token of every packed sample, has no prediction inside
-    its sample; those positions are never loss targets (they are prompt tokens) and hold
-    whatever the previous sample's last position predicts. Logits are divided by `temperature`
-    before the softmax, as the inference engine does when it samples.
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.get_decoder(), base.get_output_embeddings()
+
+
+def _chunk(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden).float() / temperature.unsqueeze(-1)  # [chunk, vocab]
+    normaliser = torch.logsumexp(logits, dim=-1)
+    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        probs = torch.softmax(logits, dim=-1)
+        entropy = normaliser - (probs * logits).sum(-1)
+    return picked - normaliser, entropy
+
+
+def completion_logprobs(
+    model: torch.nn.Module,
+    batch: PackedBatch,
+    temperature: torch.Tensor | float = 1.0,
+    chunk_size: int | None = 1024,
+) -> TokenLogprobs:
+    """Logprobs of the loss tokens of `batch`, in row-major order.
+
+    `temperature` is a scalar or a [rows, seq_len] tensor (each token's sampling temperature).
+    `chunk_size=None` computes all logits at once (the reference path for tests).
     """
-    logits = model(
+    if batch.loss_mask[:, 0].any():
+        raise ValueError("a row starts with a loss token, which nothing predicts")
+    decoder, head = _decoder_and_head(model)
+    hidden = decoder(
         input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
-    ).logits  # [rows, seq_len, vocab]
-    logits = logits[:, :-1].float() / temperature
-    targets = batch.input_ids[:, 1:].unsqueeze(-1)  # [rows, seq_len - 1, 1]
-    picked = torch.gather(logits, -1, targets).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.nn.functional.pad(picked, (1, 0))
+    ).last_hidden_state  # [rows, seq_len, hidden]
+    targets_mask = batch.loss_mask[:, 1:]  # position t predicts token t + 1
+    hidden = hidden[:, :-1][targets_mask]  # [T, hidden]
+    targets = batch.input_ids[:, 1:][targets_mask]  # [T]
+    if isinstance(temperature, torch.Tensor):
+        temperatures = temperature[:, 1:][targets_mask].float()
+    else:
+        temperatures = torch.full(targets.shape, float(temperature))
+    if chunk_size is None:
+        logprobs, entropy = _chunk(head, hidden, targets, temperatures)
+        return TokenLogprobs(logprobs, entropy)
+    pieces = [
+        checkpoint(
+            _chunk,
+            head,
+            hidden[start : start + chunk_size],
+            targets[start : start + chunk_size],
+            temperatures[start : start + chunk_size],
+            use_reentrant=False,
+        )
+        for start in range(0, targets.shape[0], chunk_size)
+    ]
+    if not pieces:
+        empty = hidden.new_zeros(0)
+        return TokenLogprobs(empty, empty)
+    return TokenLogprobs(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]))

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from asyncrl.trainer.logprobs import token_logprobs
+from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.packing import Sample, collate_rows, first_fit_decreasing
 
 
@@ -63,14 +63,18 @@ def test_packed_logprobs_match_each_sample_alone(
     generator = torch.Generator().manual_seed(1)
     lengths = [5, 17, 9, 30, 2, 12, 23, 8]
     samples = [
-        Sample(torch.randint(4, 100, (n,), generator=generator).tolist(), [True] * n)
+        Sample(
+            torch.randint(4, 100, (n,), generator=generator).tolist(), [False] + [True] * (n - 1)
+        )
         for n in lengths
     ]
     rows = first_fit_decreasing(lengths, 40)
     batch = collate_rows(rows, samples, seq_len=40, pad_token_id=0)
     temperature = 0.7
     with torch.no_grad():
-        packed = token_logprobs(model, batch, temperature=temperature)
+        packed = completion_logprobs(model, batch, temperature=temperature, chunk_size=7)
+        # loss tokens come out in row-major order; map each back to its sample
+        owners = batch.sample_index[:, 1:][batch.loss_mask[:, 1:]]
         for index, sample in enumerate(samples):
             # independent reference: one unpadded forward pass, plain log_softmax per position
             logits = model(torch.tensor([sample.input_ids])).logits[0].float() / temperature
@@ -78,6 +82,6 @@ def test_packed_logprobs_match_each_sample_alone(
                 torch.log_softmax(logits[t - 1], dim=-1)[sample.input_ids[t]].item()
                 for t in range(1, len(sample.input_ids))
             ]
-            got = packed[batch.sample_index == index][1:]
+            got = packed.logprobs[owners == index]
             assert got.shape[0] == len(expected)
             assert torch.allclose(got, torch.tensor(expected), atol=1e-5), index

@@ -1,0 +1,120 @@
+"""From a TrainingBatch to packed micro-batches with every per-token tensor the loss needs.
+
+Loss tokens are the completion tokens whose `completion_mask` is true. All flat `[T]` tensors
+follow the row-major order in which `completion_logprobs` returns them. Normalisation weights
+come from totals over the whole batch, so micro-batches add up to the step's loss exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from asyncrl.trainer.loss import sequence_weights
+from asyncrl.trainer.packing import PackedBatch, Sample, collate_rows, first_fit_decreasing
+from asyncrl.types import TrainingBatch, TrainingSample
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    packed: PackedBatch
+    temperature: torch.Tensor  # [rows, seq_len] each token's sampling temperature
+    inference_logprobs: torch.Tensor  # [T]
+    advantages: torch.Tensor  # [T]
+    policy_versions: torch.Tensor  # [T]
+    sequence_ids: torch.Tensor  # [T] 0..S-1 within this micro-batch
+    token_weights: torch.Tensor  # [T] step-level normalisation
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.advantages.numel())
+
+
+def _as_sample(sample: TrainingSample) -> Sample:
+    return Sample(
+        input_ids=[*sample.prompt_ids, *sample.completion_ids],
+        loss_mask=[False] * len(sample.prompt_ids) + list(sample.completion_mask),
+    )
+
+
+def build_micro_batches(
+    batch: TrainingBatch,
+    sequence_len: int,
+    rows_per_micro_batch: int,
+    pad_token_id: int,
+    normalisation: str,
+) -> list[MicroBatch]:
+    samples = [_as_sample(s) for s in batch.samples]
+    lengths = [len(s.input_ids) for s in samples]
+    too_long = [i for i, n in enumerate(lengths) if n > sequence_len]
+    if too_long:
+        raise ValueError(
+            f"batch {batch.step}: sample {too_long[0]} has {lengths[too_long[0]]} tokens, more "
+            f"than sequence_len {sequence_len} (orchestrator seq_len must not exceed it)"
+        )
+    loss_counts = [sum(s.completion_mask) for s in batch.samples]
+    trained = [n for n in loss_counts if n > 0]
+    totals = (sum(trained), len(trained), max(trained, default=1))
+    rows = first_fit_decreasing(lengths, sequence_len)
+    micro_batches = []
+    for start in range(0, len(rows), rows_per_micro_batch):
+        group = rows[start : start + rows_per_micro_batch]
+        micro_batches.append(
+            _micro_batch(
+                group,
+                samples,
+                batch,
+                loss_counts,
+                totals,
+                sequence_len,
+                pad_token_id,
+                normalisation,
+            )
+        )
+    return micro_batches
+
+
+def _micro_batch(
+    rows: list[list[int]],
+    samples: list[Sample],
+    batch: TrainingBatch,
+    loss_counts: list[int],
+    totals: tuple[int, int, int],
+    sequence_len: int,
+    pad_token_id: int,
+    normalisation: str,
+) -> MicroBatch:
+    packed = collate_rows(rows, samples, sequence_len, pad_token_id)
+    temperature = torch.ones(packed.input_ids.shape)
+    logprobs, advantages, versions, sequence_ids, members = [], [], [], [], []
+    for row, row_members in enumerate(rows):
+        offset = 0
+        for member in row_members:
+            sample = batch.samples[member]
+            size = len(samples[member].input_ids)
+            temperature[row, offset : offset + size] = sample.temperature
+            offset += size
+            if loss_counts[member] == 0:
+                continue
+            local_id = len(members)
+            members.append(member)
+            for index, keep in enumerate(sample.completion_mask):
+                if keep:
+                    logprobs.append(sample.inference_logprobs[index])
+                    advantages.append(sample.advantages[index])
+                    versions.append(sample.policy_versions[index])
+                    sequence_ids.append(local_id)
+    ids = torch.tensor(sequence_ids, dtype=torch.long)
+    per_sequence = sequence_weights(
+        normalisation, torch.tensor([loss_counts[m] for m in members]), *totals
+    )
+    return MicroBatch(
+        packed=packed,
+        temperature=temperature,
+        inference_logprobs=torch.tensor(logprobs, dtype=torch.float32),
+        advantages=torch.tensor(advantages, dtype=torch.float32),
+        policy_versions=torch.tensor(versions, dtype=torch.long),
+        sequence_ids=ids,
+        token_weights=per_sequence[ids].float() if members else torch.zeros(0),
+    )

@@ -1,0 +1,81 @@
+"""Filesystem transport of training batches: `<run_dir>/rollouts/step_N/batch.msgpack`.
+
+The orchestrator writes each batch to a temporary name and renames it, so the trainer never
+reads half a file; a file that still fails to decode is reported with its path and the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import msgspec
+
+from asyncrl.fs import atomic_write_bytes
+from asyncrl.log import get_logger
+from asyncrl.types import TrainingBatch
+
+logger = get_logger(__name__)
+
+BATCH_FILE = "batch.msgpack"
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(TrainingBatch)
+
+
+class BatchFileError(ValueError):
+    """A batch file exists but cannot be used; the message names the file."""
+
+
+def batch_path(run_dir: str | Path, step: int) -> Path:
+    return Path(run_dir) / "rollouts" / f"step_{step}" / BATCH_FILE
+
+
+def encode_batch(batch: TrainingBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(data: bytes, source: str) -> TrainingBatch:
+    try:
+        batch = _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as error:
+        raise BatchFileError(f"{source}: not a valid training batch ({error})") from error
+    for index, sample in enumerate(batch.samples):
+        problems = sample.problems()
+        if problems:
+            raise BatchFileError(f"{source}: sample {index}: {'; '.join(problems)}")
+    return batch
+
+
+def write_batch(run_dir: str | Path, batch: TrainingBatch) -> Path:
+    path = batch_path(run_dir, batch.step)
+    atomic_write_bytes(path, encode_batch(batch))
+    return path
+
+
+def read_batch(run_dir: str | Path, step: int) -> TrainingBatch:
+    path = batch_path(run_dir, step)
+    batch = decode_batch(path.read_bytes(), str(path))
+    if batch.step != step:
+        raise BatchFileError(f"{path}: holds step {batch.step}, expected {step}")
+    return batch
+
+
+def wait_for_batch(
+    run_dir: str | Path,
+    step: int,
+    timeout: float | None = None,
+    poll_interval: float = 0.05,
+    report_every: float = 30.0,
+) -> TrainingBatch:
+    """Block until batch `step` exists, then read it; says what it waits for every 30 s."""
+    path = batch_path(run_dir, step)
+    started = last_report = time.monotonic()
+    while not path.exists():
+        now = time.monotonic()
+        if timeout is not None and now - started > timeout:
+            raise TimeoutError(f"no batch at {path} after {timeout:.0f} s")
+        if now - last_report >= report_every:
+            logger.info("waiting for %s from the orchestrator (%.0f s so far)", path, now - started)
+            last_report = now
+        time.sleep(poll_interval)
+    return read_batch(run_dir, step)

@@ -1,0 +1,95 @@
+"""Filesystem weight broadcast: `<run_dir>/broadcasts/step_N/` holding a Hugging Face
+checkpoint (full weights) or a PEFT adapter (LoRA), with a `STABLE` marker.
+
+The directory is filled under a temporary name and renamed whole; `STABLE` (JSON: step, kind,
+fingerprint) is written inside it last, so a reader that sees `STABLE` sees complete weights.
+Old steps are pruned, keeping the newest `keep` (what `max_async_level` may still ask for).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from asyncrl.fs import atomic_directory, atomic_write_bytes
+from asyncrl.log import get_logger
+from asyncrl.transport.fingerprint import weights_fingerprint
+
+logger = get_logger(__name__)
+
+STABLE = "STABLE"
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    step: int
+    kind: Literal["full", "lora"]
+    fingerprint: str
+    path: Path
+
+
+def broadcasts_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "broadcasts"
+
+
+def publish_weights(run_dir: str | Path, step: int, model: torch.nn.Module, keep: int) -> Broadcast:
+    """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones."""
+    is_lora = hasattr(model, "peft_config")
+    kind: Literal["full", "lora"] = "lora" if is_lora else "full"
+    if is_lora:
+        adapter = {n: p for n, p in model.named_parameters() if "lora_" in n}
+        fingerprint = weights_fingerprint(adapter.items())
+    else:
+        fingerprint = weights_fingerprint(model.named_parameters())
+    target = broadcasts_dir(run_dir) / f"step_{step}"
+    with atomic_directory(target) as staging:
+        model.save_pretrained(staging)
+        marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
+        atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
+    prune(run_dir, keep)
+    return Broadcast(step, kind, fingerprint, target)
+
+
+def read_broadcast(path: Path) -> Broadcast | None:
+    """The broadcast in `path`, or None if it is not (yet) complete."""
+    marker = path / STABLE
+    if not marker.exists():
+        return None
+    try:
+        data = json.loads(marker.read_text())
+        return Broadcast(int(data["step"]), data["kind"], str(data["fingerprint"]), path)
+    except (json.JSONDecodeError, KeyError, ValueError) as error:
+        raise ValueError(f"{marker}: not a valid STABLE marker ({error})") from error
+
+
+def stable_steps(run_dir: str | Path) -> list[int]:
+    """Steps with a complete broadcast, ascending."""
+    root = broadcasts_dir(run_dir)
+    if not root.exists():
+        return []
+    steps = []
+    for child in root.iterdir():
+        match = STEP_DIR.match(child.name)
+        if match and (child / STABLE).exists():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def latest_broadcast(run_dir: str | Path, at_least: int = 0) -> Broadcast | None:
+    """The newest complete broadcast with step >= `at_least`, if any."""
+    steps = [s for s in stable_steps(run_dir) if s >= at_least]
+    return read_broadcast(broadcasts_dir(run_dir) / f"step_{steps[-1]}") if steps else None
+
+
+def prune(run_dir: str | Path, keep: int) -> None:
+    steps = stable_steps(run_dir)
+    for step in steps[: max(0, len(steps) - keep)]:
+        shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import pytest
+import torch
+
+from asyncrl.trainer.micro_batches import build_micro_batches
+from asyncrl.types import TrainingBatch, TrainingSample
+
+
+def make(prompt: list[int], completion: list[int], mask: list[bool], tag: float) -> TrainingSample:
+    n = len(completion)
+    return TrainingSample(
+        prompt_ids=prompt, completion_ids=completion, completion_mask=mask,
+        inference_logprobs=[-tag - i / 10 for i in range(n)],
+        advantages=[tag] * n, policy_versions=[int(tag)] * n, temperature=0.5 + tag / 10,
+        env="e",
+    )  # fmt: skip
+
+
+BATCH = TrainingBatch(
+    step=1,
+    samples=[
+        make([1, 2], [10, 11, 12], [True, False, True], 1.0),  # 5 tokens, 2 trained
+        make([3], [20, 21], [True, True], 2.0),  # 3 tokens, 2 trained
+        make([4, 5, 6], [30], [False], 3.0),  # 4 tokens, nothing trained
+        make([7], [40, 41, 42, 43], [True] * 4, 4.0),  # 5 tokens, 4 trained
+    ],
+)
+
+
+def test_per_token_tensors_line_up_with_loss_tokens() -> None:
+    micro_batches = build_micro_batches(BATCH, 8, 1, 0, "token")
+    for mb in micro_batches:
+        targets = mb.packed.input_ids[:, 1:][mb.packed.loss_mask[:, 1:]]
+        owners = mb.packed.sample_index[:, 1:][mb.packed.loss_mask[:, 1:]]
+        assert targets.numel() == mb.num_loss_tokens
+        for position, (token, owner) in enumerate(
+            zip(targets.tolist(), owners.tolist(), strict=True)
+        ):
+            sample = BATCH.samples[owner]
+            k = sample.completion_ids.index(token)
+            assert sample.completion_mask[k]
+            assert mb.inference_logprobs[position].item() == pytest.approx(
+                sample.inference_logprobs[k]
+            )
+            assert mb.advantages[position].item() == sample.advantages[k]
+            assert mb.policy_versions[position].item() == sample.policy_versions[k]
+        # each token carries its sample's temperature
+        for row in range(mb.packed.input_ids.shape[0]):
+            for col in range(mb.packed.input_ids.shape[1]):
+                owner = int(mb.packed.sample_index[row, col])
+                if owner >= 0:
+                    assert mb.temperature[row, col].item() == pytest.approx(
+                        BATCH.samples[owner].temperature
+                    )
+
+
+@pytest.mark.parametrize("kind", ["token", "sequence", "constant"])
+def test_weights_sum_over_the_step_not_per_micro_batch(kind: str) -> None:
+    micro_batches = build_micro_batches(BATCH, 8, 1, 0, kind)
+    assert len(micro_batches) > 1
+    total = sum(float(mb.token_weights.sum()) for mb in micro_batches)
+    # 8 trained tokens in 3 trained sequences of 2, 2 and 4 tokens; the longest has 4
+    expected = {"token": 1.0, "sequence": 1.0, "constant": 8 / (3 * 4)}[kind]
+    assert total == pytest.approx(expected)
+
+
+def test_sample_longer_than_sequence_len_is_refused() -> None:
+    with pytest.raises(ValueError, match="sample 0 has 5 tokens, more than sequence_len 4"):
+        build_micro_batches(BATCH, 4, 1, 0, "token")
+
+
+def test_rows_per_micro_batch_groups_rows() -> None:
+    single = build_micro_batches(BATCH, 8, 1, 0, "token")
+    grouped = build_micro_batches(BATCH, 8, 8, 0, "token")
+    assert len(grouped) == 1
+    assert sum(mb.num_loss_tokens for mb in single) == grouped[0].num_loss_tokens == 8
+    assert torch.equal(
+        torch.sort(torch.cat([mb.advantages for mb in single])).values,
+        torch.sort(grouped[0].advantages).values,
+    )
