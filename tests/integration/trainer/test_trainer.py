@@ -123,3 +123,24 @@ def test_lora_broadcast_loaded_by_the_server_reproduces_trainer_logprobs(
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     untrained, _ = trainer_logprobs(plain, after)
     assert float((untrained - served).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("lora", ["false", "true"])
+def test_kl_to_a_reference_model_and_several_iterations_per_batch(
+    server_url: str, tiny_model_dir: Path, tmp_path: Path, lora: str
+) -> None:
+    """The β·KL path (reference copy, or adapters disabled with LoRA) and three optimizer steps
+    per batch run through the real `asyncrl train`; the reference values themselves are pinned
+    in tests/unit/trainer/test_reference.py."""
+    run_dir = tmp_path / "outputs" / "run_default"
+    write_batch(run_dir, sample_batch(server_url, str(tiny_model_dir), PROMPTS, step=1))
+    result = run_train(
+        tiny_model_dir, tmp_path / "outputs", "--max_steps", "1", "--lora", lora,
+        "--loss.type", "grpo_clip", "--loss.beta", "0.5", "--num_iterations", "3",
+        "--learning_rate", "2e-2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    record = read_metrics(run_dir / "metrics.jsonl", role="trainer")[0]
+    assert record["trainer/skipped_updates"] == 0
+    assert math.isfinite(record["trainer/loss"]) and record["trainer/grad_norm"] > 0
+    assert stable_steps(run_dir) == [1]
