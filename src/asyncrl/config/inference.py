@@ -68,10 +68,23 @@ class InferenceConfig(StrictModel):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights and KV cache."
     )
-    weight_broadcast_type: Literal["filesystem", "nccl"] = planned(
+    weight_broadcast_type: Literal["filesystem", "nccl"] = Field(
         "filesystem",
-        "How weight updates arrive: `filesystem` or `nccl`.",
-        feature="NCCL weight broadcast",
+        description="How weight updates arrive: `filesystem` (/update_weights, LoRA loads) or "
+        "`nccl` (received from the trainer over torch.distributed; gloo on CPU).",
+    )
+    weight_broadcast_host: str = Field("localhost", description="(nccl) Trainer's rendezvous host.")
+    weight_broadcast_port: int = Field(
+        29501, ge=1, le=65535, description="(nccl) Trainer's rendezvous port."
+    )
+    weight_broadcast_timeout: float = Field(
+        1200, gt=0, description="(nccl) Seconds a transfer may take before it raises."
+    )
+    weight_broadcast_rank: int = Field(
+        1, ge=1, description="(nccl) This server's rank (the trainer is rank 0)."
+    )
+    weight_broadcast_world_size: int = Field(
+        2, ge=2, description="(nccl) Trainer plus every receiving inference server."
     )
     reasoning_parser: str | None = Field(
         None, description="Parser that splits reasoning content from the answer (vLLM)."

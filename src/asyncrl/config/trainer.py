@@ -55,6 +55,13 @@ class LossConfig(StrictModel):
 class TrainerConfig(TrainingConfig):
     """Receives batches, computes the GRPO loss, steps the optimizer, broadcasts weights."""
 
+    gradient_accumulation_steps: int = planned(
+        1,
+        "Optimizer steps are per batch: every micro-batch of a step's batch accumulates into one "
+        "update. Splitting a batch into several updates (mini-batches) is not built yet.",
+        feature="several optimizer steps per batch",
+        gt=0,
+    )
     datasets: list[Any] = Field(
         default_factory=list, description="Unused by GRPO: data comes from the orchestrator."
     )

@@ -19,9 +19,14 @@ class RolloutTransportConfig(StrictModel):
 
 
 class WeightBroadcastConfig(StrictModel):
-    type: Literal["filesystem", "nccl"] = planned(
-        "filesystem", "`filesystem` or `nccl`.", feature="NCCL weight broadcast"
+    type: Literal["filesystem", "nccl"] = Field(
+        "filesystem",
+        description="`filesystem` (checkpoint directories) or `nccl` (torch.distributed; gloo "
+        "on CPU). nccl sends full weights only.",
     )
     host: str = Field("localhost", description="(nccl) Rendezvous host.")
     port: int = Field(29501, ge=1, le=65535, description="(nccl) Rendezvous port.")
     timeout: float = Field(1200, gt=0, description="(nccl) Timeout in seconds.")
+    inference_world_size: int = Field(
+        1, ge=1, description="(nccl) Number of inference servers receiving the weights."
+    )

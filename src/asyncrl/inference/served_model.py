@@ -94,6 +94,22 @@ class ServedModel:
         logger.info("loaded weights from %s (version %s)", directory, resolved_version)
         return self.info()
 
+    def apply_received(self, step: int, tensors: dict[str, torch.Tensor]) -> WeightInfo:
+        """Install weights received over NCCL/gloo (staged copies) between engine steps."""
+
+        def install() -> None:
+            parameters = dict(self.engine.model.named_parameters())
+            with torch.no_grad():
+                for name, tensor in tensors.items():
+                    parameters[name].copy_(tensor)
+            self._base_weights = {}
+            self._adapter = None
+            self._set(step, "nccl")
+
+        self.engine.run_exclusive(install)
+        logger.info("received weights version %d over the weight broadcast group", step)
+        return self.info()
+
     def load_lora(
         self, name: str, path: str, load_inplace: bool, version: int | None
     ) -> WeightInfo:

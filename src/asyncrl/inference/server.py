@@ -25,6 +25,7 @@ from asyncrl.inference.body_limit import BodySizeLimit
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.metrics import render_metrics
 from asyncrl.inference.served_model import ServedModel, WeightInfo
+from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
 
@@ -74,7 +75,9 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
     )
 
 
-def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
+def build_app(
+    config: InferenceConfig, served: ServedModel, receiver: WeightReceiverThread | None = None
+) -> FastAPI:
     engine = served.engine
     tokenizer = engine.tokenizer
     api_key = os.environ.get(config.api_key_var) or None
@@ -151,8 +154,11 @@ def build_app(config: InferenceConfig, served: ServedModel) -> FastAPI:
             raise
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {}
+    async def health() -> JSONResponse:
+        if receiver is not None and receiver.error is not None:
+            message = f"weight receiver failed: {receiver.error}"
+            return _error(503, message, "ServiceUnavailable")
+        return JSONResponse({})
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:
@@ -310,7 +316,11 @@ def serve(config: InferenceConfig) -> None:
     import uvicorn
 
     served = load_served_model(config)
-    app = build_app(config, served)
+    receiver = None
+    if config.weight_broadcast_type == "nccl":
+        receiver = WeightReceiverThread(served, config)
+        receiver.start()
+    app = build_app(config, served, receiver)
     logger.info(
         "serving %s on http://%s:%d (max_num_seqs %d, max_model_len %d)",
         served.name,
@@ -322,4 +332,6 @@ def serve(config: InferenceConfig) -> None:
     try:
         uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
     finally:
+        if receiver is not None:
+            receiver.stop()
         served.engine.shutdown()

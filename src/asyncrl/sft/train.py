@@ -107,14 +107,17 @@ def train_step(
     """One optimizer step over `step_rows`, in micro-batches of `per_device_train_batch_size`."""
     started = time.perf_counter()
     size = config.per_device_train_batch_size
+    device = next(model.parameters()).device
     micro_batches = [
-        collate_rows(step_rows[start : start + size], samples, config.sequence_len, pad_token_id)
+        collate_rows(
+            step_rows[start : start + size], samples, config.sequence_len, pad_token_id
+        ).to(device)
         for start in range(0, len(step_rows), size)
     ]
     loss_tokens = sum(batch.num_loss_tokens for batch in micro_batches)
     total_loss = 0.0
     for batch in micro_batches:
-        with precision_context(config.recipe):
+        with precision_context(config.recipe, device):
             logprobs = completion_logprobs(model, batch).logprobs  # [loss tokens]
         loss = -logprobs.sum() / loss_tokens
         loss.backward()

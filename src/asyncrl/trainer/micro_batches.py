@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from asyncrl.trainer.loss import sequence_weights
-from asyncrl.trainer.packing import PackedBatch, Sample, collate_rows, first_fit_decreasing
+from asyncrl.trainer.packing import (
+    PackedBatch,
+    Sample,
+    astuple_shallow,
+    collate_rows,
+    first_fit_decreasing,
+)
 from asyncrl.types import TrainingBatch, TrainingSample
 
 
@@ -30,6 +36,10 @@ class MicroBatch:
     def num_loss_tokens(self) -> int:
         return int(self.advantages.numel())
 
+    def to(self, device: torch.device) -> MicroBatch:
+        packed, *tensors = astuple_shallow(self)
+        return MicroBatch(packed.to(device), *(tensor.to(device) for tensor in tensors))
+
 
 def _as_sample(sample: TrainingSample) -> Sample:
     return Sample(
@@ -44,6 +54,7 @@ def build_micro_batches(
     rows_per_micro_batch: int,
     pad_token_id: int,
     normalisation: str,
+    packing: bool = True,
 ) -> list[MicroBatch]:
     samples = [_as_sample(s) for s in batch.samples]
     lengths = [len(s.input_ids) for s in samples]
@@ -56,7 +67,10 @@ def build_micro_batches(
     loss_counts = [sum(s.completion_mask) for s in batch.samples]
     trained = [n for n in loss_counts if n > 0]
     totals = (sum(trained), len(trained), max(trained, default=1))
-    rows = first_fit_decreasing(lengths, sequence_len)
+    if packing:
+        rows = first_fit_decreasing(lengths, sequence_len)
+    else:  # one sample per row, padded to sequence_len
+        rows = [[index] for index in range(len(samples))]
     micro_batches = []
     for start in range(0, len(rows), rows_per_micro_batch):
         group = rows[start : start + rows_per_micro_batch]

@@ -8,11 +8,21 @@ bfloat16 under `bf16`, and the adapters stay float32.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from asyncrl.config.training import TrainingConfig
+
+
+def attention_implementation() -> str:
+    """flash-attention 2 on a GPU where it is installed (its varlen kernel reads sample
+    boundaries from the restarting position ids), else SDPA with transformers' block-diagonal
+    mask. The GPU path is written for GPU machines and untested on this CPU-only project CI."""
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
 
 
 def load_model(config: TrainingConfig) -> torch.nn.Module:
@@ -21,8 +31,10 @@ def load_model(config: TrainingConfig) -> torch.nn.Module:
         config.model,
         dtype=base_dtype,
         trust_remote_code=config.trust_remote_code,
-        attn_implementation="sdpa",
+        attn_implementation=attention_implementation(),
     )
+    if torch.cuda.is_available():
+        model = model.cuda()
     model.config.use_cache = False
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()

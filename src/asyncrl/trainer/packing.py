@@ -10,7 +10,7 @@ padding with its own restarting positions and no loss.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -39,6 +39,14 @@ class PackedBatch:
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
+
+    def to(self, device: torch.device) -> PackedBatch:
+        return PackedBatch(*(tensor.to(device) for tensor in astuple_shallow(self)))
+
+
+def astuple_shallow(instance: object) -> tuple[torch.Tensor, ...]:
+    """A dataclass's fields in order, without the deep copy `dataclasses.astuple` makes."""
+    return tuple(getattr(instance, f.name) for f in fields(instance))  # type: ignore[arg-type]
 
 
 def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int]]:

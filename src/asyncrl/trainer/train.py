@@ -29,7 +29,9 @@ from asyncrl.trainer.model import load_model, precision_context
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.transport.batches import batch_path, wait_for_batch
-from asyncrl.transport.broadcast import publish_weights
+from asyncrl.transport.broadcast import publish_marker, publish_weights
+from asyncrl.transport.fingerprint import weights_fingerprint
+from asyncrl.transport.nccl_broadcast import WeightSender
 
 logger = get_logger(__name__)
 
@@ -38,6 +40,7 @@ DONE_MARKER = "DONE"  # the orchestrator writes rollouts/DONE when it will send 
 
 def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> None:
     check_supported(config)
+    torch.manual_seed(config.seed)
     run_dir = find_run_dir(config.output_dir)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
@@ -49,6 +52,7 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
     metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer")
+    sender = open_sender(config)
     logger.info("trainer: run %s, model %s, loss %s", run_dir, config.model, config.loss.type)
 
     step = 1
@@ -65,19 +69,43 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
             config.per_device_train_batch_size,
             tokenizer.pad_token_id or 0,
             NORMALISATION[config.loss.type],
+            packing=config.sample_packing,
         )
         stats = train_step(
             model, reference, optimizer, scheduler, micro_batches, config, version=step - 1
         )
-        publish_weights(run_dir, step, model, keep=config.max_async_level + 2)
+        publish(run_dir, step, model, sender, keep=config.max_async_level + 2)
         maybe_sync_reference(reference, model, step, config)
-        summary = {**stats.summary(), "wait_time": wait_time}
-        metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
+        if step % config.logging_steps == 0 or step == config.max_steps:
+            summary = {**stats.summary(), "wait_time": wait_time}
+            metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
         logger.info(
             "trainer: step %d loss %.4f kl %.2e grad_norm %.3f (%.1f s)",
             step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
         )  # fmt: skip
         step += 1
+    if sender is not None:
+        sender.close()
+
+
+def open_sender(config: TrainerConfig) -> WeightSender | None:
+    broadcast = config.weight_broadcast
+    if broadcast.type != "nccl":
+        return None
+    return WeightSender(
+        broadcast.host, broadcast.port, broadcast.inference_world_size, broadcast.timeout
+    )
+
+
+def publish(
+    run_dir: Path, step: int, model: torch.nn.Module, sender: WeightSender | None, keep: int
+) -> None:
+    """Weights version `step` out to inference: over NCCL/gloo, or as a checkpoint directory."""
+    if sender is None:
+        publish_weights(run_dir, step, model, keep=keep)
+        return
+    sender.send(step, model)
+    publish_marker(run_dir, step, weights_fingerprint(model.named_parameters()), keep=keep)
 
 
 @dataclass
@@ -129,10 +157,12 @@ def train_step(
     started = time.perf_counter()
     stats = StepStats(lr=scheduler.get_last_lr()[0], version=version)
     stats.tokens = sum(mb.packed.input_ids.numel() for mb in micro_batches) * config.num_iterations
+    device = next(model.parameters()).device
+    micro_batches = [mb.to(device) for mb in micro_batches]
     for iteration in range(config.num_iterations):
         total_loss = 0.0
         for mb in micro_batches:
-            with precision_context(config.recipe):
+            with precision_context(config.recipe, device):
                 current = completion_logprobs(model, mb.packed, mb.temperature)
             reference_logprobs = reference_logprobs_for(reference, model, mb, config)
             output = compute_loss(
@@ -184,12 +214,21 @@ def record_first_pass(
 
 
 def check_supported(config: TrainerConfig) -> None:
+    if config.save_steps is not None or config.checkpoint_dir is not None:
+        raise ConfigError(
+            "`save_steps` / `checkpoint_dir` (trainer checkpoints and resume) are not supported "
+            "yet; weights of every step are in broadcasts/step_N"
+        )
     if config.loss.teacher_tau > 0:
         raise ConfigError("`loss.teacher_tau` is not supported yet (teacher logprobs)")
     if config.loss.beta > 0 and config.loss.type == "masked_is":
         raise ConfigError(
             "`loss.beta` (KL to a reference model) applies to the clipped losses; masked_is "
             "uses `loss.kl_tau` (KL to the inference policy)"
+        )
+    if config.weight_broadcast.type == "nccl" and config.lora:
+        raise ConfigError(
+            "`weight_broadcast.type: nccl` sends full weights; with LoRA use `filesystem`"
         )
     if config.sync_ref_model and config.lora:
         raise ConfigError("`sync_ref_model` with LoRA is not supported (the base is the reference)")
@@ -216,7 +255,7 @@ def reference_logprobs_for(
     if config.loss.beta == 0:
         return None
     context = model.disable_adapter() if reference is None else contextlib.nullcontext()
-    with context, precision_context(config.recipe):
+    with context, precision_context(config.recipe, mb.packed.input_ids.device):
         return completion_logprobs(reference or model, mb.packed, mb.temperature).logprobs
 
 

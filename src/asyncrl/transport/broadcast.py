@@ -31,7 +31,7 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 @dataclass(frozen=True)
 class Broadcast:
     step: int
-    kind: Literal["full", "lora"]
+    kind: Literal["full", "lora", "nccl"]  # nccl: weights went over the wire, only the marker here
     fingerprint: str
     path: Path
 
@@ -56,6 +56,16 @@ def publish_weights(run_dir: str | Path, step: int, model: torch.nn.Module, keep
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep)
     return Broadcast(step, kind, fingerprint, target)
+
+
+def publish_marker(run_dir: str | Path, step: int, fingerprint: str, keep: int) -> Broadcast:
+    """After an NCCL broadcast: the STABLE marker alone, so readers learn that step N is out."""
+    target = broadcasts_dir(run_dir) / f"step_{step}"
+    with atomic_directory(target) as staging:
+        marker = {"step": step, "kind": "nccl", "fingerprint": fingerprint, "time": time.time()}
+        atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
+    prune(run_dir, keep)
+    return Broadcast(step, "nccl", fingerprint, target)
 
 
 def read_broadcast(path: Path) -> Broadcast | None:

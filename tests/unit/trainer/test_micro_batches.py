@@ -79,3 +79,10 @@ def test_rows_per_micro_batch_groups_rows() -> None:
         torch.sort(torch.cat([mb.advantages for mb in single])).values,
         torch.sort(grouped[0].advantages).values,
     )
+
+
+def test_without_packing_each_sample_has_its_own_row() -> None:
+    micro_batches = build_micro_batches(BATCH, 8, 8, 0, "token", packing=False)
+    rows = micro_batches[0].packed.sample_index
+    assert rows.shape == (4, 8)
+    assert [sorted(set(row.tolist()) - {-1}) for row in rows] == [[0], [1], [2], [3]]

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.micro_batches import build_micro_batches
-from asyncrl.trainer.train import build_reference, reference_logprobs_for
+from asyncrl.trainer.train import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.types import TrainingBatch, TrainingSample
 
 BATCH = TrainingBatch(
@@ -75,3 +75,19 @@ def test_lora_reference_is_the_base_with_adapters_disabled(tiny_model_dir: Path)
     got = reference_logprobs_for(None, model, mb, config)
     assert torch.allclose(got, start, atol=1e-6)
     assert not torch.allclose(logprobs(model), start, atol=1e-3)
+
+
+def test_reference_sync_mixes_in_the_policy_every_n_steps(tiny_model_dir: Path) -> None:
+    config = TrainerConfig(
+        model=str(tiny_model_dir), lora=False, loss={"type": "grpo_clip", "beta": 0.1},
+        sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.25,
+    )  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    reference = build_reference(model, config)
+    start = [p.detach().clone() for p in reference.parameters()]
+    nudge(model)
+    maybe_sync_reference(reference, model, step=1, config=config)  # not a sync step
+    assert all(torch.equal(r, s) for r, s in zip(reference.parameters(), start, strict=True))
+    maybe_sync_reference(reference, model, step=2, config=config)
+    for ref, old, new in zip(reference.parameters(), start, model.parameters(), strict=True):
+        assert torch.allclose(ref, 0.75 * old + 0.25 * new, atol=1e-6)

@@ -1,0 +1,65 @@
+"""Weight broadcast over torch.distributed (gloo on this CPU; the same code runs NCCL on GPUs):
+the trainer sends each step's weights straight into the live embedded server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from asyncrl.launch.inference_process import free_port, inference_server
+from asyncrl.transport.batches import write_batch
+from asyncrl.transport.broadcast import STABLE
+
+from .rollouts import sample_batch
+from .test_trainer import PROMPTS, run_train
+
+pytestmark = pytest.mark.integration
+
+
+def test_trainer_broadcasts_each_step_into_the_server(tiny_model_dir: Path, tmp_path: Path) -> None:
+    port = free_port()
+    outputs = tmp_path / "outputs"
+    run_dir = outputs / "run_default"
+    group = ["--weight_broadcast_port", str(port), "--weight_broadcast_timeout", "60"]
+    with inference_server(
+        tiny_model_dir, "--max_model_len", "256", "--weight_broadcast_type", "nccl", *group
+    ) as url:
+        before = httpx.get(f"{url}/weight_info").json()
+        for step in (1, 2):
+            write_batch(run_dir, sample_batch(url, str(tiny_model_dir), PROMPTS, step=step))
+        result = run_train(
+            tiny_model_dir, outputs, "--max_steps", "2", "--lora", "false",
+            "--weight_broadcast.type", "nccl", "--weight_broadcast.port", str(port),
+            "--weight_broadcast.timeout", "60",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        deadline = time.monotonic() + 30
+        while (info := httpx.get(f"{url}/weight_info").json())["version"] != 2:
+            assert time.monotonic() < deadline, info
+            time.sleep(0.1)
+        assert httpx.get(f"{url}/health").status_code == 200
+
+    marker = json.loads((run_dir / "broadcasts" / "step_2" / STABLE).read_text())
+    assert marker["kind"] == "nccl"
+    assert not (run_dir / "broadcasts" / "step_2" / "model.safetensors").exists()
+    assert info["fingerprint"] == marker["fingerprint"] != before["fingerprint"]
+
+
+def test_a_sender_without_receivers_raises_within_its_timeout() -> None:
+    script = (
+        "from asyncrl.transport.nccl_broadcast import WeightSender\n"
+        f"WeightSender('127.0.0.1', {free_port()}, receivers=1, timeout=3)\n"
+    )
+    started = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert time.monotonic() - started < 60
+    assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower()
