@@ -13,7 +13,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.config.eval import EvalRunConfig
-from asyncrl.envs import Environment, Example, load_environment
+from asyncrl.envs import Environment, Example, load_environment, score
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
@@ -95,7 +95,7 @@ def evaluate(
         seed=seed,
     )
     rewards = [
-        env.reward(text, example) for text, example in zip(completions, examples, strict=True)
+        score(env, text, example) for text, example in zip(completions, examples, strict=True)
     ]
     model.train(was_training)
     return EvalResult(statistics.fmean(rewards), rewards, completions)

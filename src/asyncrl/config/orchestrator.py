@@ -108,6 +108,9 @@ class AdvantageConfig(StrictModel):
     length_weighted_mean: bool = Field(
         False, description="Weight the group baseline by completion length."
     )
+    scale_by_std: bool = Field(
+        False, description="Divide by the group's reward std (original GRPO; off as in Dr. GRPO)."
+    )
     import_path: str | None = Field(
         None, description="(custom) `module:function` computing advantages."
     )
@@ -216,6 +219,9 @@ class OrchestratorConfig(StrictModel):
         default_factory=AdvantageConfig, description="Advantage computation."
     )
     filters: list[FilterConfig] = Field(default_factory=list, description="Rollout filters.")
+    mask_truncated_completions: bool = Field(
+        False, description="Mask completions cut by max_tokens out of the loss (overlong filter)."
+    )
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
     eval: EvalConfig | None = planned(None, "Online evaluation.", feature="online evaluation")
     report_to: ReportConfig | None = planned(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -20,13 +21,30 @@ class Example:
     info: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class RewardFunction:
+    """One term of a rubric: `function(completion, example) -> float`, weighted in the sum."""
+
+    name: str
+    function: Callable[[str, Example], float]
+    weight: float = 1.0
+
+
 class Environment(Protocol):
     name: str
+    rubric: list[RewardFunction]
 
     def examples(self, split: Split, count: int) -> list[Example]:
         """`count` deterministic examples of `split`; train and eval never share a prompt."""
         ...
 
-    def reward(self, completion: str, example: Example) -> float:
-        """Reward in [0, 1] of one completion (the text the model produced, template removed)."""
-        ...
+
+def rubric_reward(values: dict[str, float], rubric: list[RewardFunction]) -> float:
+    """Σ weight × value over the rubric (a missing value counts as 0)."""
+    return sum(term.weight * values.get(term.name, 0.0) for term in rubric)
+
+
+def score(env: Environment, completion: str, example: Example) -> float:
+    """The rubric reward of one completion, in this process (evaluation, tests)."""
+    values = {term.name: float(term.function(completion, example)) for term in env.rubric}
+    return rubric_reward(values, env.rubric)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import zlib
 
-from asyncrl.envs.base import Example, Split
+from asyncrl.envs.base import Example, RewardFunction, Split
 
 EVAL_BUCKETS = 8  # one string in eight (by hash) belongs to the held-out split
 
@@ -66,6 +66,7 @@ class ReverseTextEnv:
         self.min_length = min_length
         self.max_length = max_length
         self.system_prompt = system_prompt
+        self.rubric = [RewardFunction("lcs_ratio", self.reward)]
 
     def examples(self, split: Split, count: int) -> list[Example]:
         rng = random.Random(f"reverse-text:{self.seed}:{split}")

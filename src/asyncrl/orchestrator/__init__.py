@@ -1,0 +1,1 @@
+"""The orchestrator role: rollouts, rewards, advantages, filters, batches for the trainer."""
