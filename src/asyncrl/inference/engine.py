@@ -38,6 +38,7 @@ class CompletionOutput:
     top_logprobs: list[list[tuple[int, float]]]
     finish_reason: str  # "stop" | "length" | "abort"
     stop_reason: str | int | None
+    policy_versions: list[int]  # weights version in effect when each token was sampled
 
 
 @dataclass(eq=False)  # identity: sequences are compared and removed in the hot loop
@@ -49,6 +50,7 @@ class Sequence:
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     text: str = ""
@@ -111,6 +113,7 @@ class Engine:
         self._paused = False
         self._draining = False
         self._stopped = False
+        self.weight_version = 0  # set between steps by whoever loads weights (run_exclusive)
         self.stats = EngineStats()
         self._thread = threading.Thread(target=self._loop, name="asyncrl-engine", daemon=True)
         self._thread.start()
@@ -303,6 +306,7 @@ class Engine:
                     continue
                 sequence.output_ids.append(tokens[row])
                 sequence.logprobs.append(chosen[row])
+                sequence.versions.append(self.weight_version)
                 wanted = sequence.request.params.logprobs or 0
                 if wanted and result.top_ids is not None and result.top_logprobs is not None:
                     ids = result.top_ids[row, :wanted].tolist()
@@ -366,6 +370,7 @@ def _output(sequence: Sequence) -> CompletionOutput:
         top_logprobs=list(sequence.top_logprobs),
         finish_reason=sequence.finish_reason or "abort",
         stop_reason=sequence.stop_reason,
+        policy_versions=list(sequence.versions),
     )
 
 

@@ -179,6 +179,7 @@ def completion_choice(
     if request.return_token_ids:
         choice["token_ids"] = output.token_ids
         choice["prompt_token_ids"] = prompt_ids
+        choice["policy_versions"] = output.policy_versions  # asyncrl extension, not in vLLM
     return choice
 
 
@@ -210,6 +211,7 @@ def chat_choice(
         choice["logprobs"] = {"content": content}
     if request.return_token_ids:
         choice["token_ids"] = output.token_ids
+        choice["policy_versions"] = output.policy_versions  # asyncrl extension, not in vLLM
     return choice
 
 

@@ -155,6 +155,8 @@ class ServedModel:
         return self.info()
 
     def _set(self, version: int, weight_dir: str | None) -> None:
+        """Called on the engine thread, between steps: tokens sampled from now on carry it."""
+        self.engine.weight_version = version
         fingerprint = self._compute_fingerprint()
         with self._lock:
             self._version = version

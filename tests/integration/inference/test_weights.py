@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -150,3 +153,30 @@ def test_a_directory_that_does_not_fit_the_model_is_refused_and_nothing_changes(
     response = httpx.post(f"{url}/update_weights", json={"weight_dir": str(roots / "step_98")})
     assert response.status_code == 400 and "shape mismatch" in response.json()["error"]["message"]
     assert httpx.get(f"{url}/weight_info").json() == before
+
+
+def running_requests(url: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return float(re.search(r"^asyncrl:num_requests_running\S* (\S+)$", text, re.M)[1])
+
+
+def test_every_token_reports_the_weights_version_that_sampled_it(
+    url: str, tiny_model_dir: Path, roots: Path
+) -> None:
+    """A long request keeps running across a weight update: tokens before it carry the old
+    version, tokens after it the new one (an asyncrl extension field, `policy_versions`)."""
+    body = {"prompt": "go", "max_tokens": 120, "ignore_eos": True, "return_token_ids": True,
+            "temperature": 1.0, "seed": 1}  # fmt: skip
+    update_dir = roots / "step_41"
+    AutoModelForCausalLM.from_pretrained(tiny_model_dir).save_pretrained(update_dir)
+    start = httpx.get(f"{url}/weight_info").json()["version"]
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{url}/v1/completions", json=body, timeout=60)
+        while running_requests(url) < 1:
+            time.sleep(0.005)
+        httpx.post(f"{url}/update_weights", json={"weight_dir": str(update_dir)}, timeout=60)
+        choice = pending.result().json()["choices"][0]
+    versions = choice["policy_versions"]
+    assert len(versions) == len(choice["token_ids"]) == 120
+    assert versions == sorted(versions)  # never goes back
+    assert versions[0] == start and versions[-1] == 41
