@@ -43,6 +43,12 @@ def _infer(config: Any) -> None:
     serve(config)
 
 
+def _orch(config: Any) -> None:
+    from asyncrl.orchestrator.orchestrator import run_orchestrator
+
+    run_orchestrator(config)
+
+
 def _train(config: Any) -> None:
     from asyncrl.trainer.train import run_trainer
 
@@ -73,7 +79,7 @@ COMMANDS: dict[str, Command] = {
     "eval": Command("Score a model on an environment's held-out split.", EvalRunConfig, _eval),
     "infer": Command("Inference server (OpenAI-compatible).", InferenceConfig, _infer),
     "orch": Command(
-        "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, None
+        "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, _orch
     ),
     "train": Command("GRPO trainer.", TrainerConfig, _train),
     "rl": Command("Inference, orchestrator and trainer together.", RLConfig, None),

@@ -55,5 +55,5 @@ def test_unknown_command_exits_2() -> None:
 
 
 def test_role_not_built_yet_says_so_instead_of_pretending() -> None:
-    result = asyncrl("orch")
+    result = asyncrl("rl", "--model", "m")
     assert result.returncode == 2 and "not built yet" in result.stderr

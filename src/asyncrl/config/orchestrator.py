@@ -18,14 +18,14 @@ class ModelConfig(StrictModel):
 
 class TempSchedulerConfig(StrictModel):
     type: Literal["linear", "cosine"] = Field(description="Shape of the temperature schedule.")
-    start_temperature: float = Field(ge=0, description="Temperature at step 0.")
-    end_temperature: float = Field(ge=0, description="Temperature at the final step.")
+    start_temperature: float = Field(gt=0, description="Temperature at step 0.")
+    end_temperature: float = Field(gt=0, description="Temperature at the final step.")
 
 
 class SamplingConfig(StrictModel):
     max_tokens: int | None = Field(None, gt=0, description="Max tokens per generation.")
     temperature: float = Field(
-        1.0, ge=0, description="Sampling temperature (set this or `temp_scheduler`, not both)."
+        1.0, gt=0, description="Sampling temperature (set this or `temp_scheduler`, not both)."
     )
     temp_scheduler: TempSchedulerConfig | None = Field(
         None, description="Temperature schedule over the run's steps."

@@ -28,14 +28,12 @@ from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.run_dir import find_run_dir
-from asyncrl.transport.batches import batch_path, wait_for_batch
+from asyncrl.transport.batches import batch_path, done_path, wait_for_batch
 from asyncrl.transport.broadcast import publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 
 logger = get_logger(__name__)
-
-DONE_MARKER = "DONE"  # the orchestrator writes rollouts/DONE when it will send no more batches
 
 
 def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> None:
@@ -272,4 +270,4 @@ def maybe_sync_reference(
 
 
 def orchestrator_done(run_dir: Path, step: int) -> bool:
-    return (run_dir / "rollouts" / DONE_MARKER).exists() and not batch_path(run_dir, step).exists()
+    return done_path(run_dir).exists() and not batch_path(run_dir, step).exists()

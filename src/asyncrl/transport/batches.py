@@ -26,6 +26,11 @@ class BatchFileError(ValueError):
     """A batch file exists but cannot be used; the message names the file."""
 
 
+def done_path(run_dir: str | Path) -> Path:
+    """Written by the orchestrator when it will send no more batches."""
+    return Path(run_dir) / "rollouts" / "DONE"
+
+
 def batch_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "rollouts" / f"step_{step}" / BATCH_FILE
 

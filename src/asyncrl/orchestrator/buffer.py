@@ -1,0 +1,114 @@
+"""The prompt buffer: which example to roll out next, and what a finished group says about it.
+
+- Examples come from each environment's train split, deduplicated by `hash_keys`.
+- `env_ratios` weight the choice of environment; within one, examples cycle in a fresh random
+  order each pass.
+- After a group is scored: with `online_difficulty_filtering`, a group whose rewards are all 0
+  or all 1 teaches nothing (zero advantage) and is skipped; a problem whose mean reward is at
+  least `easy_threshold` moves to the easy pool, at most `hard_threshold` to the hard pool, and
+  is no longer sampled. On start, `easy_fraction` / `hard_fraction` of those pools are promoted
+  back to normal.
+- `state()` / `load_state()` make it checkpointable (plain JSON-able data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.config.orchestrator import BufferConfig
+from asyncrl.envs.base import Environment, Example
+
+
+@dataclass(frozen=True)
+class Drawn:
+    env_index: int
+    example: Example
+
+
+def example_key(example: Example, keys: Sequence[str]) -> str:
+    fields = {
+        "task": example.task, "prompt": example.prompt, "answer": example.answer,
+        "example_id": example.example_id, "info": example.info,
+    }  # fmt: skip
+    payload = json.dumps([fields.get(key) for key in keys], sort_keys=True, default=str)
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+class Buffer:
+    def __init__(
+        self, envs: Sequence[Environment], config: BufferConfig, seed: int, pool_size: int
+    ) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed if config.seed is not None else seed)
+        self.examples: list[list[Example]] = []
+        for env in envs:
+            unique: dict[str, Example] = {}
+            for example in env.examples("train", pool_size):
+                unique.setdefault(example_key(example, config.hash_keys), example)
+            self.examples.append(list(unique.values()))
+        ratios = config.env_ratios or [1.0] * len(envs)
+        if len(ratios) != len(envs):
+            raise ValueError(f"buffer.env_ratios has {len(ratios)} entries for {len(envs)} envs")
+        self.ratios = ratios
+        self.easy: set[tuple[int, str]] = set()
+        self.hard: set[tuple[int, str]] = set()
+        self._order: list[list[int]] = [[] for _ in envs]
+
+    def draw(self) -> Drawn:
+        env_index = self.rng.choices(range(len(self.examples)), weights=self.ratios)[0]
+        pool = self.examples[env_index]
+        for _ in range(2 * len(pool) + 1):
+            if not self._order[env_index]:
+                order = list(range(len(pool)))
+                self.rng.shuffle(order)
+                self._order[env_index] = order
+            example = pool[self._order[env_index].pop()]
+            key = (env_index, example_key(example, self.config.hash_keys))
+            if key not in self.easy and key not in self.hard:
+                return Drawn(env_index, example)
+        raise RuntimeError(f"environment {env_index}: every example is in the easy or hard pool")
+
+    def record(self, drawn: Drawn, rewards: Sequence[float]) -> bool:
+        """Update the pools from a scored group; False if the group should not be trained on."""
+        key = (drawn.env_index, example_key(drawn.example, self.config.hash_keys))
+        mean = sum(rewards) / len(rewards)
+        if self.config.easy_threshold is not None and mean >= self.config.easy_threshold:
+            self.easy.add(key)
+        elif self.config.hard_threshold is not None and mean <= self.config.hard_threshold:
+            self.hard.add(key)
+        if self.config.online_difficulty_filtering:
+            return not (all(r == 0.0 for r in rewards) or all(r == 1.0 for r in rewards))
+        return True
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "rng": _rng_state(self.rng),
+            "easy": sorted([list(k) for k in self.easy]),
+            "hard": sorted([list(k) for k in self.hard]),
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.rng.setstate(_rng_from(state["rng"]))
+        self.easy = {(int(i), str(k)) for i, k in state["easy"]}
+        self.hard = {(int(i), str(k)) for i, k in state["hard"]}
+        self._promote(self.easy, self.config.easy_fraction)
+        self._promote(self.hard, self.config.hard_fraction)
+
+    def _promote(self, pool: set[tuple[int, str]], fraction: float) -> None:
+        chosen = self.rng.sample(sorted(pool), round(fraction * len(pool)))
+        pool.difference_update(chosen)
+
+
+def _rng_state(rng: random.Random) -> list[Any]:
+    version, internal, gauss = rng.getstate()
+    return [version, list(internal), gauss]
+
+
+def _rng_from(state: list[Any]) -> tuple[Any, ...]:
+    version, internal, gauss = state
+    return (version, tuple(internal), gauss)

@@ -1,0 +1,172 @@
+"""Talking to the inference servers: a pool with least-loaded routing, retries with backoff, the
+API key from the environment, and weight updates that work against every engine.
+
+Each server is reached at its OpenAI base URL (`http://host:port/v1`); admin routes
+(`/update_weights`, `/v1/load_lora_adapter`, `/weight_info`) live at the server root. How to
+update a server is decided once, from what it answers, not by `if backend ==` at call sites:
+a server with `/weight_info` (the embedded engine) reports its version; one without is
+assumed to be vLLM-like and is tracked by the versions this client has loaded into it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from asyncrl.config.orchestrator import ClientConfig
+from asyncrl.log import get_logger
+from asyncrl.transport.broadcast import Broadcast
+
+logger = get_logger(__name__)
+
+RETRIES = 4
+BACKOFF_S = 0.5
+
+
+class InferenceUnavailable(RuntimeError):
+    """A server did not answer after every retry; the message names it."""
+
+
+@dataclass
+class Server:
+    base_url: str  # .../v1
+    in_flight: int = 0
+    version: int = 0
+    reports_version: bool = True
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/").removesuffix("/v1")
+
+
+class ClientPool:
+    def __init__(self, config: ClientConfig) -> None:
+        self.config = config
+        headers = {"Authorization": f"Bearer {key}"} if (key := config.api_key()) else {}
+        self.http = httpx.AsyncClient(
+            headers=headers,
+            timeout=httpx.Timeout(config.timeout, connect=10.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+        self.servers = [Server(url) for url in config.base_url]
+        self._discovery: asyncio.Task[None] | None = None
+
+    # lifecycle -----------------------------------------------------------------------------------
+    async def start(self, model_name: str | None) -> None:
+        if self.config.elastic is not None:
+            await self._discover()
+            self._discovery = asyncio.create_task(self._keep_discovering())
+        for server in self.servers:
+            await self._probe(server, model_name)
+
+    async def close(self) -> None:
+        if self._discovery is not None:
+            self._discovery.cancel()
+        await self.http.aclose()
+
+    async def _probe(self, server: Server, model_name: str | None) -> None:
+        """Check the server is up and serves the model; learn whether it reports versions."""
+        if not self.config.skip_model_check and model_name is not None:
+            models = await self.request(server, "GET", f"{server.base_url}/models")
+            served = [entry["id"] for entry in models.get("data", [])]
+            if model_name not in served:
+                raise InferenceUnavailable(
+                    f"{server.base_url} serves {served}, not `{model_name}` "
+                    "(set client.skip_model_check to skip this check)"
+                )
+        try:
+            info = await self.request(server, "GET", f"{server.root}/weight_info", retries=1)
+            server.version = int(info["version"])
+        except (InferenceUnavailable, KeyError):
+            server.reports_version = False
+
+    # requests ------------------------------------------------------------------------------------
+    async def request(
+        self, server: Server, method: str, url: str, json: Any = None, retries: int = RETRIES
+    ) -> Any:
+        """JSON from `url`, retrying connection errors and 5xx with exponential backoff."""
+        last: Exception | None = None
+        for attempt in range(retries):
+            try:
+                response = await self.http.request(method, url, json=json)
+                if response.status_code < 500:
+                    if response.status_code >= 400:
+                        raise InferenceUnavailable(
+                            f"{url} answered {response.status_code}: {response.text[:500]}"
+                        )
+                    return response.json()
+                last = RuntimeError(f"{response.status_code}: {response.text[:200]}")
+            except httpx.TransportError as error:
+                last = error
+            if attempt + 1 < retries:
+                await asyncio.sleep(BACKOFF_S * 2**attempt)
+        raise InferenceUnavailable(f"{url} failed after {retries} attempts: {last}")
+
+    def least_loaded(self) -> Server:
+        return min(self.servers, key=lambda server: server.in_flight)
+
+    async def chat(self, server: Server, body: dict[str, Any], cost: int) -> dict[str, Any]:
+        """One chat completion on `server` (a whole group: `n` completions stay together)."""
+        server.in_flight += cost
+        try:
+            return await self.request(server, "POST", f"{server.base_url}/chat/completions", body)
+        finally:
+            server.in_flight -= cost
+
+    # weights -------------------------------------------------------------------------------------
+    async def load(self, broadcast: Broadcast, lora_name: str) -> None:
+        """Every server to `broadcast`'s weights (full checkpoint or LoRA adapter, in place)."""
+        await asyncio.gather(*(self._load_one(s, broadcast, lora_name) for s in self.servers))
+
+    async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
+        if broadcast.kind == "nccl":  # the server received it from the trainer itself
+            await self.refresh_version(server)
+            return
+        if broadcast.kind == "lora":
+            body = {"lora_name": lora_name, "lora_path": str(broadcast.path), "load_inplace": True}
+            url = f"{server.base_url}/load_lora_adapter"
+            if server.reports_version:
+                url += f"?version={broadcast.step}"
+        elif server.reports_version:
+            body = {"weight_dir": str(broadcast.path), "version": broadcast.step}
+            url = f"{server.root}/update_weights"
+        else:  # vLLM: reload in place through its worker RPC
+            body = {"method": "reload_weights", "kwargs": {"weights_path": str(broadcast.path)}}
+            url = f"{server.root}/collective_rpc"
+        await self.request(server, "POST", url, body)
+        server.version = broadcast.step
+
+    async def refresh_version(self, server: Server) -> None:
+        if server.reports_version:
+            info = await self.request(server, "GET", f"{server.root}/weight_info")
+            server.version = int(info["version"])
+
+    def oldest_version(self) -> int:
+        return min(server.version for server in self.servers)
+
+    # elastic discovery ---------------------------------------------------------------------------
+    async def _discover(self) -> None:
+        elastic = self.config.elastic
+        assert elastic is not None
+        infos = await asyncio.get_running_loop().getaddrinfo(
+            elastic.hostname, elastic.port, type=socket.SOCK_STREAM
+        )
+        urls = sorted({f"http://{info[4][0]}:{elastic.port}/v1" for info in infos})
+        known = {server.base_url: server for server in self.servers}
+        self.servers = [known.get(url) or Server(url) for url in urls]
+        if set(urls) != set(known):
+            logger.info("elastic pool: %d server(s) at %s", len(urls), elastic.hostname)
+
+    async def _keep_discovering(self) -> None:
+        elastic = self.config.elastic
+        assert elastic is not None
+        while True:
+            await asyncio.sleep(elastic.sync_interval)
+            try:
+                await self._discover()
+            except OSError as error:
+                logger.warning("elastic pool: cannot resolve %s (%s)", elastic.hostname, error)

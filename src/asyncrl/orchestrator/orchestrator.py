@@ -1,0 +1,191 @@
+"""`asyncrl orch`: the orchestrator loop, readable top to bottom.
+
+It keeps `batch_size × oversampling_factor` rollouts in flight as groups of
+`rollouts_per_example`, scores finished groups, and assembles batch s for the trainer as soon
+as enough fresh groups are ready. Staleness is bounded two ways, with k = max_async_level:
+
+- generation for batch s starts only once the servers hold weights version ≥ s − 1 − k (it waits
+  for `broadcasts/step_v/STABLE` and loads it, mid-step if need be; newer weights are loaded as
+  soon as they appear), and batch s only takes rollouts whose newest token is from a version
+  ≥ s − 1 − k;
+- a rollout whose oldest token is from a version < s − 1 − max_off_policy_steps is dropped.
+
+With k = 0 this is synchronous on-policy GRPO; larger k lets generation run ahead of training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import Counter, deque
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from asyncrl.config.base import ConfigError
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs import load_environment
+from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.log import get_logger
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.orchestrator.buffer import Buffer
+from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.rollout import Group, GroupRequest, run_group
+from asyncrl.orchestrator.step_metrics import batch_metrics
+from asyncrl.orchestrator.temperature import temperature_at
+from asyncrl.transport.batches import done_path, write_batch
+from asyncrl.transport.broadcast import latest_broadcast
+from asyncrl.types import TrainingBatch
+
+logger = get_logger(__name__)
+
+LORA_NAME = "asyncrl-policy"
+
+
+def run_orchestrator(config: OrchestratorConfig) -> None:
+    check_supported(config)
+    asyncio.run(Orchestrator(config).run())
+
+
+class Orchestrator:
+    def __init__(self, config: OrchestratorConfig) -> None:
+        self.config = config
+        self.run_dir = Path(config.output_dir)
+        self.envs = [load_environment(env.id, env.args) for env in config.env]
+        self.env_names = [env.name or env.id for env in config.env]
+        model = config.model.name
+        if model is None:
+            raise ConfigError("`model.name` is required (the model the servers serve)")
+        self.model_name = model
+        self.request_model = model  # becomes the adapter name once a LoRA broadcast is loaded
+        self.vocab_size = len(AutoTokenizer.from_pretrained(model))
+        steps = config.max_steps or 100
+        pool_size = min(
+            100_000, max(1024, steps * config.batch_size // config.rollouts_per_example)
+        )
+        self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
+        self.clients = ClientPool(config.client)
+        self.rewards = [
+            RewardPool(env.id, env.args, loaded.rubric)
+            for env, loaded in zip(config.env, self.envs, strict=True)
+        ]
+        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")
+        self.seeds = itertools.count()
+
+    async def run(self) -> None:
+        config = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        await self.clients.start(self.model_name)
+        for pool in self.rewards:
+            await pool.start()
+        in_flight: set[asyncio.Task[Group]] = set()
+        ready: deque[Group] = deque()
+        target = round(config.batch_size * config.oversampling_factor)
+        step, last_batch = 1, time.monotonic()
+        try:
+            while config.max_steps is None or step <= config.max_steps:
+                await self.sync_weights(need=step - 1 - config.max_async_level)
+                while len(in_flight) * config.rollouts_per_example < target:
+                    in_flight.add(asyncio.create_task(self.launch(step)))
+                done, in_flight = await asyncio.wait(
+                    in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                )
+                ready.extend(task.result() for task in done)  # an error here stops the run
+                batch = self.assemble(step, ready)
+                if batch is None:
+                    continue
+                groups, drops = batch
+                write_batch(
+                    self.run_dir, TrainingBatch(step, [s for g in groups for s in g.samples])
+                )
+                now = time.monotonic()
+                temperature = temperature_at(step, config.max_steps, config.sampling)
+                self.metrics.log(
+                    step, batch_metrics(step, groups, drops, now - last_batch, temperature)
+                )
+                logger.info(
+                    "orchestrator: batch %d written (reward %.3f, servers at version %d)",
+                    step, sum(r for g in groups for r in g.rewards) / config.batch_size,
+                    self.clients.oldest_version(),
+                )  # fmt: skip
+                step, last_batch = step + 1, now
+            done_path(self.run_dir).touch()
+        finally:
+            for task in in_flight:
+                task.cancel()
+            for pool in self.rewards:
+                await pool.close()
+            await self.clients.close()
+
+    async def launch(self, step: int) -> Group:
+        drawn = self.buffer.draw()
+        seed = self.config.sampling.seed
+        request = GroupRequest(
+            drawn=drawn,
+            env_name=self.env_names[drawn.env_index],
+            model=self.request_model,
+            temperature=temperature_at(step, self.config.max_steps, self.config.sampling),
+            seed=None if seed is None else seed + next(self.seeds),
+            launch_version=self.clients.oldest_version(),
+        )
+        return await run_group(
+            request, self.config, self.clients, self.rewards[drawn.env_index], self.buffer,
+            self.vocab_size,
+        )  # fmt: skip
+
+    def assemble(self, step: int, ready: deque[Group]) -> tuple[list[Group], Counter[str]] | None:
+        """Batch `step` from the oldest ready groups that are fresh enough, if there are enough."""
+        newest_floor = step - 1 - self.config.max_async_level
+        oldest_floor = step - 1 - self.config.max_off_policy_steps
+        drops: Counter[str] = Counter()
+        kept = deque()
+        while ready:
+            group = ready.popleft()
+            if group.max_version < newest_floor:
+                drops["async_level"] += 1
+            elif group.min_version < oldest_floor:
+                drops["off_policy"] += 1
+            elif not group.trainable:
+                drops["no_signal"] += 1
+            else:
+                kept.append(group)
+        needed = self.config.batch_size // self.config.rollouts_per_example
+        if len(kept) < needed:
+            ready.extend(kept)  # not enough yet: keep them for this step
+            return None
+        chosen = [kept.popleft() for _ in range(needed)]
+        ready.extend(kept)
+        return chosen, drops
+
+    async def sync_weights(self, need: int) -> None:
+        """Load the newest complete broadcast; block until every server holds version ≥ need."""
+        waited_since = last_report = time.monotonic()
+        while True:
+            broadcast = latest_broadcast(self.run_dir)
+            if broadcast is not None and broadcast.step > self.clients.oldest_version():
+                await self.clients.load(broadcast, LORA_NAME)
+                if broadcast.kind == "lora":
+                    self.request_model = LORA_NAME
+            if self.clients.oldest_version() >= need:
+                return
+            now = time.monotonic()
+            if now - last_report > 30 or last_report == waited_since:
+                logger.info("orchestrator: waiting for weights version %d from the trainer", need)
+                last_report = now + 1e-9
+            await asyncio.sleep(0.05)
+
+
+def check_supported(config: OrchestratorConfig) -> None:
+    ckpt = config.ckpt
+    if any(
+        value is not None
+        for value in (
+            ckpt.interval,
+            ckpt.resume_step,
+            ckpt.keep_last,
+            ckpt.keep_interval,
+            ckpt.wait_for_weights_timeout,
+        )
+    ):
+        raise ConfigError("`ckpt.*` (orchestrator checkpoints and resume) is not supported yet")

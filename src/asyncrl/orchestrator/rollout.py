@@ -1,0 +1,130 @@
+"""One group: `rollouts_per_example` completions of one prompt, generated on one server,
+scored, given group-relative advantages and filtered, as training samples."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs.reward_pool import RewardPool, RewardResult
+from asyncrl.orchestrator.advantage import group_advantages
+from asyncrl.orchestrator.buffer import Buffer, Drawn
+from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.filters import apply_filters
+from asyncrl.types import TrainingSample
+
+
+@dataclass
+class Group:
+    drawn: Drawn
+    env_name: str
+    samples: list[TrainingSample]
+    rewards: list[float]
+    values: list[dict[str, float]]  # each completion's value of each reward function
+    truncated: list[bool]
+    trainable: bool  # False: skipped by online difficulty filtering
+    filter_hits: Counter[str] = field(default_factory=Counter)
+    reward_failures: int = 0
+    finished_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def min_version(self) -> int:
+        return min(min(s.policy_versions, default=0) for s in self.samples)
+
+    @property
+    def max_version(self) -> int:
+        return max(max(s.policy_versions, default=0) for s in self.samples)
+
+    @property
+    def zero_advantage(self) -> bool:
+        return all(a == 0.0 for s in self.samples for a in s.advantages[:1])
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    drawn: Drawn
+    env_name: str
+    model: str  # the served name to ask for (base model, or the LoRA adapter once loaded)
+    temperature: float
+    seed: int | None
+    launch_version: int  # used for every token when the server reports no per-token versions
+
+
+async def run_group(
+    request: GroupRequest,
+    config: OrchestratorConfig,
+    clients: ClientPool,
+    rewards: RewardPool,
+    buffer: Buffer,
+    vocab_size: int,
+) -> Group:
+    sampling = config.sampling
+    body: dict[str, Any] = {
+        "model": request.model,
+        "messages": request.drawn.example.prompt,
+        "n": config.rollouts_per_example,
+        "temperature": request.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "min_tokens": sampling.min_tokens,
+        "repetition_penalty": sampling.repetition_penalty,
+        "logprobs": True,
+        "return_token_ids": True,
+    }
+    if sampling.max_tokens is not None:
+        body["max_tokens"] = sampling.max_tokens
+    if request.seed is not None:
+        body["seed"] = request.seed
+    server = clients.least_loaded()
+    response = await clients.chat(server, body, cost=config.rollouts_per_example)
+    choices = sorted(response["choices"], key=lambda choice: choice["index"])
+    texts = [choice["message"]["content"] or "" for choice in choices]
+    if config.buffer.skip_verification:
+        scored = [RewardResult(0.0, {}) for _ in choices]
+    else:
+        scored = await asyncio.gather(
+            *(rewards.score(text, request.drawn.example) for text in texts)
+        )
+    lengths = [len(choice["token_ids"]) for choice in choices]
+    advantages = group_advantages([r.reward for r in scored], lengths, config.advantage)
+    group = Group(
+        drawn=request.drawn,
+        env_name=request.env_name,
+        samples=[],
+        rewards=[r.reward for r in scored],
+        values=[r.values for r in scored],
+        truncated=[choice["finish_reason"] == "length" for choice in choices],
+        trainable=buffer.record(request.drawn, [r.reward for r in scored]),
+        reward_failures=sum(len(r.failed) + r.timed_out for r in scored),
+    )
+    for choice, result, advantage, truncated in zip(
+        choices, scored, advantages, group.truncated, strict=True
+    ):
+        token_ids = choice["token_ids"]
+        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+        versions = choice.get("policy_versions") or [request.launch_version] * len(token_ids)
+        outcome = apply_filters(
+            token_ids, logprobs, truncated, config.filters, vocab_size,
+            config.mask_truncated_completions,
+        )  # fmt: skip
+        group.filter_hits.update(name for name, hit in outcome.hits.items() if hit)
+        group.samples.append(
+            TrainingSample(
+                prompt_ids=response["prompt_token_ids"],
+                completion_ids=token_ids,
+                completion_mask=[outcome.train] * len(token_ids),
+                inference_logprobs=logprobs,
+                advantages=[advantage] * len(token_ids),
+                policy_versions=versions,
+                temperature=request.temperature,
+                env=request.env_name,
+                task=request.drawn.example.task,
+                example_id=request.drawn.example.example_id,
+                reward=result.reward,
+            )
+        )
+    return group

@@ -1,0 +1,63 @@
+"""What the orchestrator reports for each batch it hands to the trainer."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+from asyncrl.orchestrator.rollout import Group
+
+# staleness is reported per completion-length bucket: long rollouts are the ones that span updates
+LENGTH_BUCKETS = (16, 64, 256, 1024)
+
+
+def length_bucket(length: int) -> str:
+    for bound in LENGTH_BUCKETS:
+        if length <= bound:
+            return f"le_{bound}"
+    return f"gt_{LENGTH_BUCKETS[-1]}"
+
+
+def batch_metrics(
+    step: int, groups: Sequence[Group], drops: Counter[str], elapsed: float, temperature: float
+) -> dict[str, float]:
+    rewards = [r for g in groups for r in g.rewards]
+    lengths = [len(s.completion_ids) for g in groups for s in g.samples]
+    metrics: dict[str, float] = {
+        "orchestrator/reward_mean": statistics.fmean(rewards),
+        "orchestrator/reward_std": statistics.pstdev(rewards),
+        "orchestrator/reward_max_in_group": statistics.fmean(max(g.rewards) for g in groups),
+        "orchestrator/completion_length": statistics.fmean(lengths),
+        "orchestrator/truncated_fraction": statistics.fmean(t for g in groups for t in g.truncated),
+        "orchestrator/zero_advantage_groups": statistics.fmean(g.zero_advantage for g in groups),
+        "orchestrator/rollouts_per_s": len(rewards) / max(elapsed, 1e-9),
+        "orchestrator/tokens_per_s": sum(lengths) / max(elapsed, 1e-9),
+        "orchestrator/temperature": temperature,
+        "orchestrator/reward_failures": sum(g.reward_failures for g in groups),
+    }
+    per_function: dict[str, list[float]] = defaultdict(list)
+    per_env: dict[str, list[float]] = defaultdict(list)
+    staleness: dict[str, list[int]] = defaultdict(list)
+    hits: Counter[str] = Counter()
+    for group in groups:
+        per_env[group.env_name].extend(group.rewards)
+        hits.update(group.filter_hits)
+        for values in group.values:
+            for name, value in values.items():
+                per_function[name].append(value)
+        for sample in group.samples:
+            lag = (step - 1) - min(sample.policy_versions, default=step - 1)
+            staleness[length_bucket(len(sample.completion_ids))].append(lag)
+    metrics.update(
+        {f"orchestrator/reward/{k}": statistics.fmean(v) for k, v in per_function.items()}
+    )
+    metrics.update(
+        {f"orchestrator/env/{k}/reward_mean": statistics.fmean(v) for k, v in per_env.items()}
+    )
+    metrics.update({f"orchestrator/filter/{k}": v for k, v in hits.items()})
+    for bucket, lags in staleness.items():
+        metrics[f"orchestrator/staleness/{bucket}/mean"] = statistics.fmean(lags)
+        metrics[f"orchestrator/staleness/{bucket}/max"] = max(lags)
+    metrics.update({f"orchestrator/dropped/{k}": v for k, v in drops.items()})
+    return metrics

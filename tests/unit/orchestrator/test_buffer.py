@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from asyncrl.config.orchestrator import BufferConfig
+from asyncrl.envs.base import Example
+from asyncrl.orchestrator.buffer import Buffer
+
+
+class ListEnv:
+    """A small environment over a fixed list of prompts (duplicates included on purpose)."""
+
+    def __init__(self, name: str, prompts: list[str]) -> None:
+        self.name = name
+        self.prompts = prompts
+        self.rubric: list = []
+
+    def examples(self, split: str, count: int) -> list[Example]:
+        return [
+            Example(i, [{"role": "user", "content": p}], p[::-1], self.name)
+            for i, p in enumerate(self.prompts[:count])
+        ]
+
+
+def make(config: BufferConfig, *envs: ListEnv) -> Buffer:
+
+    return Buffer(list(envs), config, seed=0, pool_size=100)
+
+
+def test_duplicates_are_dropped_by_hash_keys() -> None:
+    env = ListEnv("a", ["x", "y", "x", "z"])
+    assert len(make(BufferConfig(), env).examples[0]) == 3  # task + prompt: "x" twice
+    by_id = make(BufferConfig(hash_keys=["example_id"]), env)
+    assert len(by_id.examples[0]) == 4
+
+
+def test_every_example_comes_once_per_pass() -> None:
+    buffer = make(BufferConfig(), ListEnv("a", ["p", "q", "r"]))
+    first_pass = Counter(buffer.draw().example.answer for _ in range(3))
+    assert first_pass == {"p": 1, "q": 1, "r": 1}
+
+
+def test_env_ratios_weight_the_environments() -> None:
+    buffer = make(BufferConfig(env_ratios=[3, 1]), ListEnv("a", ["a1", "a2"]), ListEnv("b", ["b"]))
+    counts = Counter(buffer.draw().env_index for _ in range(4000))
+    assert counts[0] / 4000 == pytest.approx(0.75, abs=0.03)
+
+
+def test_online_difficulty_filtering_skips_groups_with_nothing_to_learn() -> None:
+    buffer = make(BufferConfig(online_difficulty_filtering=True), ListEnv("a", ["p"]))
+    drawn = buffer.draw()
+    assert not buffer.record(drawn, [0.0, 0.0, 0.0])
+    assert not buffer.record(drawn, [1.0, 1.0])
+    assert buffer.record(drawn, [1.0, 0.0])
+    assert make(BufferConfig(), ListEnv("a", ["p"])).record(drawn, [0.0, 0.0])  # off by default
+
+
+def text(drawn: object) -> str:
+    return drawn.example.prompt[0]["content"]  # type: ignore[attr-defined]
+
+
+def test_easy_and_hard_pools_stop_sampling_and_promote_back_on_load() -> None:
+    config = BufferConfig(easy_threshold=0.9, hard_threshold=0.1, easy_fraction=1.0)
+    buffer = make(config, ListEnv("a", ["easy", "hard", "normal"]))
+    seen = {}
+    for _ in range(3):
+        drawn = buffer.draw()
+        seen[text(drawn)] = drawn
+    buffer.record(seen["easy"], [1.0, 0.95])
+    buffer.record(seen["hard"], [0.0, 0.05])
+    buffer.record(seen["normal"], [0.5, 0.5])
+    assert {text(buffer.draw()) for _ in range(10)} == {"normal"}
+
+    saved = json.loads(json.dumps(buffer.state()))  # plain JSON round trip
+    restored = make(config, ListEnv("a", ["easy", "hard", "normal"]))
+    restored.load_state(saved)  # easy_fraction 1.0 promotes every easy problem back
+    assert not restored.easy and len(restored.hard) == 1
+    assert {text(restored.draw()) for _ in range(10)} == {"easy", "normal"}
