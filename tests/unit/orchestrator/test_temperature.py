@@ -36,5 +36,5 @@ def test_a_schedule_needs_a_step_count_and_excludes_a_fixed_temperature() -> Non
     with pytest.raises(ValueError, match="not both"):
         SamplingConfig(
             temperature=0.5,
-            temp_scheduler={"type": "linear", "start_temperature": 1, "end_temperature": 0},
+            temp_scheduler={"type": "linear", "start_temperature": 1, "end_temperature": 0.5},
         )
