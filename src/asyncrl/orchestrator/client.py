@@ -70,6 +70,7 @@ class ClientPool:
 
     async def _probe(self, server: Server, model_name: str | None) -> None:
         """Check the server is up and serves the model; learn whether it reports versions."""
+        await self.request(server, "GET", f"{server.root}/health")
         if not self.config.skip_model_check and model_name is not None:
             models = await self.request(server, "GET", f"{server.base_url}/models")
             served = [entry["id"] for entry in models.get("data", [])]
@@ -88,7 +89,8 @@ class ClientPool:
     async def request(
         self, server: Server, method: str, url: str, json: Any = None, retries: int = RETRIES
     ) -> Any:
-        """JSON from `url`, retrying connection errors and 5xx with exponential backoff."""
+        """JSON from `url`, retrying connection errors and 5xx with exponential backoff
+        (0.5, 1, 2 s); then InferenceUnavailable naming the URL and the last error."""
         last: Exception | None = None
         for attempt in range(retries):
             try:
@@ -155,7 +157,8 @@ class ClientPool:
         infos = await asyncio.get_running_loop().getaddrinfo(
             elastic.hostname, elastic.port, type=socket.SOCK_STREAM
         )
-        urls = sorted({f"http://{info[4][0]}:{elastic.port}/v1" for info in infos})
+        hosts = {info[4][0] for info in infos}
+        urls = sorted(f"http://{f'[{h}]' if ':' in h else h}:{elastic.port}/v1" for h in hosts)
         known = {server.base_url: server for server in self.servers}
         self.servers = [known.get(url) or Server(url) for url in urls]
         if set(urls) != set(known):
