@@ -7,11 +7,15 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.envs import reverse_text
+from asyncrl.envs import arithmetic, countdown, jsonl_dataset, math_answers, reverse_text
 from asyncrl.envs.base import Environment
 
 BUILTIN: dict[str, Callable[..., Any]] = {
     "reverse-text": reverse_text.load_environment,
+    "arithmetic": arithmetic.load_environment,
+    "countdown": countdown.load_environment,
+    "math": math_answers.load_environment,
+    "jsonl": jsonl_dataset.load_environment,
 }
 
 

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import random
-import zlib
 
-from asyncrl.envs.base import Example, RewardFunction, Split
-
-EVAL_BUCKETS = 8  # one string in eight (by hash) belongs to the held-out split
+from asyncrl.envs.base import Example, RewardFunction, Split, split_of
 
 
 def lcs_length(first: str, second: str) -> int:
@@ -30,11 +27,6 @@ def lcs_ratio(completion: str, answer: str) -> float:
     if total == 0:
         return 1.0
     return 2.0 * lcs_length(completion, answer) / total
-
-
-def split_of(text: str) -> Split:
-    """Train/eval membership decided by the string itself, so the splits can never overlap."""
-    return "eval" if zlib.crc32(text.encode()) % EVAL_BUCKETS == 0 else "train"
 
 
 def random_text(rng: random.Random, min_length: int, max_length: int) -> str:

@@ -111,11 +111,14 @@ class ClientPool:
     def least_loaded(self) -> Server:
         return min(self.servers, key=lambda server: server.in_flight)
 
-    async def chat(self, server: Server, body: dict[str, Any], cost: int) -> dict[str, Any]:
-        """One chat completion on `server` (a whole group: `n` completions stay together)."""
+    async def generate(
+        self, server: Server, route: str, body: dict[str, Any], cost: int
+    ) -> dict[str, Any]:
+        """One request to `route` (chat/completions or completions) on `server`; a whole group
+        (`n` completions) is one request, so it stays on one server."""
         server.in_flight += cost
         try:
-            return await self.request(server, "POST", f"{server.base_url}/chat/completions", body)
+            return await self.request(server, "POST", f"{server.base_url}/{route}", body)
         finally:
             server.in_flight -= cost
 

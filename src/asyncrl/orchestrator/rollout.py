@@ -45,6 +45,34 @@ class Group:
 
 
 @dataclass(frozen=True)
+class Completion:
+    """One choice of a chat or text completion response, in one shape."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    prompt_ids: list[int]
+    policy_versions: list[int] | None  # embedded engine only; vLLM has no such field
+
+    @classmethod
+    def parse(cls, choice: dict[str, Any], response: dict[str, Any]) -> Completion:
+        if "message" in choice:  # chat: prompt ids at the top level, logprobs under `content`
+            text = choice["message"]["content"] or ""
+            logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
+            prompt_ids = response["prompt_token_ids"]
+        else:
+            text = choice["text"]
+            logprobs = list(choice["logprobs"]["token_logprobs"])
+            prompt_ids = choice["prompt_token_ids"]
+        return cls(
+            choice["index"], text, choice["token_ids"], logprobs, choice["finish_reason"],
+            prompt_ids, choice.get("policy_versions"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
 class GroupRequest:
     drawn: Drawn
     env_name: str
@@ -63,33 +91,39 @@ async def run_group(
     vocab_size: int,
 ) -> Group:
     sampling = config.sampling
+    example = request.drawn.example
     body: dict[str, Any] = {
         "model": request.model,
-        "messages": request.drawn.example.prompt,
         "n": config.rollouts_per_example,
         "temperature": request.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,
         "min_tokens": sampling.min_tokens,
         "repetition_penalty": sampling.repetition_penalty,
-        "logprobs": True,
         "return_token_ids": True,
     }
+    if example.prompt_token_ids is not None:  # pre-tokenized: the completions route
+        route = "completions"
+        body.update(prompt=example.prompt_token_ids, logprobs=0)
+    else:
+        route = "chat/completions"
+        body.update(messages=example.prompt, logprobs=True)
     if sampling.max_tokens is not None:
         body["max_tokens"] = sampling.max_tokens
     if request.seed is not None:
         body["seed"] = request.seed
     server = clients.least_loaded()
-    response = await clients.chat(server, body, cost=config.rollouts_per_example)
-    choices = sorted(response["choices"], key=lambda choice: choice["index"])
-    texts = [choice["message"]["content"] or "" for choice in choices]
+    response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
+    choices = [Completion.parse(choice, response) for choice in response["choices"]]
+    choices.sort(key=lambda choice: choice.index)
+    texts = [choice.text for choice in choices]
     if config.buffer.skip_verification:
         scored = [RewardResult(0.0, {}) for _ in choices]
     else:
         scored = await asyncio.gather(
             *(rewards.score(text, request.drawn.example) for text in texts)
         )
-    lengths = [len(choice["token_ids"]) for choice in choices]
+    lengths = [len(choice.token_ids) for choice in choices]
     advantages = group_advantages([r.reward for r in scored], lengths, config.advantage)
     group = Group(
         drawn=request.drawn,
@@ -97,16 +131,15 @@ async def run_group(
         samples=[],
         rewards=[r.reward for r in scored],
         values=[r.values for r in scored],
-        truncated=[choice["finish_reason"] == "length" for choice in choices],
+        truncated=[choice.finish_reason == "length" for choice in choices],
         trainable=buffer.record(request.drawn, [r.reward for r in scored]),
         reward_failures=sum(len(r.failed) + r.timed_out for r in scored),
     )
     for choice, result, advantage, truncated in zip(
         choices, scored, advantages, group.truncated, strict=True
     ):
-        token_ids = choice["token_ids"]
-        logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
-        versions = choice.get("policy_versions") or [request.launch_version] * len(token_ids)
+        token_ids, logprobs = choice.token_ids, choice.logprobs
+        versions = choice.policy_versions or [request.launch_version] * len(token_ids)
         outcome = apply_filters(
             token_ids, logprobs, truncated, config.filters, vocab_size,
             config.mask_truncated_completions,
@@ -114,7 +147,7 @@ async def run_group(
         group.filter_hits.update(name for name, hit in outcome.hits.items() if hit)
         group.samples.append(
             TrainingSample(
-                prompt_ids=response["prompt_token_ids"],
+                prompt_ids=choice.prompt_ids,
                 completion_ids=token_ids,
                 completion_mask=[outcome.train] * len(token_ids),
                 inference_logprobs=logprobs,

@@ -50,7 +50,7 @@ def test_groups_are_spread_over_the_least_loaded_servers(
                 "ignore_eos": True}  # fmt: skip
 
         async def one() -> None:
-            await pool.chat(pool.least_loaded(), body, cost=2)
+            await pool.generate(pool.least_loaded(), "chat/completions", body, cost=2)
 
         await asyncio.gather(*(one() for _ in range(8)))
         assert all(server.in_flight == 0 for server in pool.servers)

@@ -1,0 +1,67 @@
+"""One group against the real server: chat prompts and pre-tokenized prompts alike."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs import load_environment
+from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.orchestrator.buffer import Buffer
+from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.rollout import GroupRequest, run_group
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("source", ["chat", "token_ids"])
+def test_group_samples_are_aligned_and_scored(
+    source: str, server_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "d.jsonl"
+    if source == "chat":
+        rows = [{"input": f"abc{i}", "answer": f"{i}cba"} for i in range(40)]
+    else:
+        rows = [{"input_token_ids": [70, 71, 72 + i % 20], "answer": "x"} for i in range(40)]
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    env_spec = {"id": "jsonl", "args": {"path": str(data), "reward": "lcs"}}
+    config = OrchestratorConfig(
+        model={"name": str(tiny_model_dir)}, env=[env_spec], batch_size=4,
+        rollouts_per_example=4, sampling={"max_tokens": 6, "temperature": 0.9},
+        client={"base_url": [f"{server_url}/v1"]},
+    )  # fmt: skip
+    env = load_environment("jsonl", env_spec["args"])
+
+    async def scenario() -> None:
+        clients = ClientPool(config.client)
+        await clients.start(str(tiny_model_dir))
+        rewards = RewardPool("jsonl", env_spec["args"], env.rubric, num_workers=1)
+        await rewards.start()
+        buffer = Buffer([env], config.buffer, 0, pool_size=40)
+        drawn = buffer.draw()
+        request = GroupRequest(drawn, "jsonl", str(tiny_model_dir), 0.9, 3, launch_version=0)
+        group = await run_group(request, config, clients, rewards, buffer, vocab_size=128)
+        await rewards.close()
+        await clients.close()
+
+        assert len(group.samples) == 4
+        for sample, reward in zip(group.samples, group.rewards, strict=True):
+            n = len(sample.completion_ids)
+            assert 1 <= n <= 6 and sample.problems() == []
+            assert len(sample.inference_logprobs) == len(sample.policy_versions) == n
+            assert all(lp <= 0 for lp in sample.inference_logprobs)
+            assert sample.reward == reward and 0.0 <= reward <= 1.0
+            if source == "token_ids":
+                assert sample.prompt_ids == drawn.example.prompt_token_ids
+            else:
+                assert len(sample.prompt_ids) > len(drawn.example.prompt[0]["content"])
+        mean = sum(group.rewards) / 4
+        assert [s.advantages[0] for s in group.samples] == pytest.approx(
+            [r - mean for r in group.rewards]
+        )
+
+    asyncio.run(scenario())
