@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.base import StrictModel, planned
 from asyncrl.config.training import TrainingConfig
-from asyncrl.config.transport import WeightBroadcastConfig
+from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
 
 
 class LossConfig(StrictModel):
@@ -74,8 +74,12 @@ class TrainerConfig(TrainingConfig):
     ref_model_mixup_alpha: float = Field(
         0.6, ge=0, le=1, description="Weight of the policy when syncing the reference model."
     )
-    transport_type: Literal["filesystem", "zmq"] = planned(
-        "filesystem", "How batches arrive from the orchestrator.", feature="zmq rollout transport"
+    transport_type: Literal["filesystem", "zmq"] | None = Field(
+        None, description="How batches arrive (the seeds' name for `rollout_transport.type`)."
+    )
+    rollout_transport: RolloutTransportConfig = Field(
+        default_factory=RolloutTransportConfig,
+        description="How batches arrive from the orchestrator (must match its setting).",
     )
     max_async_level: int = Field(
         1, ge=0, description="How many weight broadcasts may be in flight."
@@ -83,6 +87,19 @@ class TrainerConfig(TrainingConfig):
     weight_broadcast: WeightBroadcastConfig = Field(
         default_factory=WeightBroadcastConfig, description="How new weights reach inference."
     )
+
+    @model_validator(mode="after")
+    def _transport_alias(self) -> TrainerConfig:
+        if self.transport_type is None:
+            return self
+        explicit = "type" in self.rollout_transport.model_fields_set
+        if explicit and self.rollout_transport.type != self.transport_type:
+            raise ValueError(
+                f"`transport_type` ({self.transport_type}) disagrees with "
+                f"`rollout_transport.type` ({self.rollout_transport.type})"
+            )
+        self.rollout_transport.type = self.transport_type
+        return self
 
     @field_validator("datasets")
     @classmethod

@@ -6,13 +6,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StrictModel
 
 
 class RolloutTransportConfig(StrictModel):
-    type: Literal["filesystem", "zmq"] = planned(
-        "filesystem", "`filesystem` or `zmq`.", feature="zmq rollout transport"
-    )
+    type: Literal["filesystem", "zmq"] = Field("filesystem", description="`filesystem` or `zmq`.")
     host: str = Field("localhost", description="(zmq) Bind host.")
     port: int = Field(5555, ge=1, le=65535, description="(zmq) Bind port.")
     hwm: int = Field(10, gt=0, description="(zmq) High-water mark (max queued messages).")

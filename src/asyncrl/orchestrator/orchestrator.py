@@ -34,8 +34,8 @@ from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.rollout import Group, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
-from asyncrl.transport.batches import done_path, write_batch
 from asyncrl.transport.broadcast import latest_broadcast
+from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
@@ -76,6 +76,7 @@ class Orchestrator:
     async def run(self) -> None:
         config = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
         for pool in self.rewards:
             await pool.start()
@@ -96,9 +97,7 @@ class Orchestrator:
                 if batch is None:
                     continue
                 groups, drops = batch
-                write_batch(
-                    self.run_dir, TrainingBatch(step, [s for g in groups for s in g.samples])
-                )
+                sender.send(TrainingBatch(step, [s for g in groups for s in g.samples]))
                 now = time.monotonic()
                 temperature = temperature_at(step, config.max_steps, config.sampling)
                 self.metrics.log(
@@ -110,7 +109,7 @@ class Orchestrator:
                     self.clients.oldest_version(),
                 )  # fmt: skip
                 step, last_batch = step + 1, now
-            done_path(self.run_dir).touch()
+            sender.finish()
         finally:
             for task in in_flight:
                 task.cancel()

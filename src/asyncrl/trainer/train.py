@@ -28,10 +28,10 @@ from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.run_dir import find_run_dir
-from asyncrl.transport.batches import batch_path, done_path, wait_for_batch
 from asyncrl.transport.broadcast import publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
+from asyncrl.transport.rollout_transport import batch_receiver
 
 logger = get_logger(__name__)
 
@@ -53,14 +53,15 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     sender = open_sender(config)
     logger.info("trainer: run %s, model %s, loss %s", run_dir, config.model, config.loss.type)
 
+    receiver = batch_receiver(config.rollout_transport, run_dir)
     step = 1
     while config.max_steps < 0 or step <= config.max_steps:
-        if orchestrator_done(run_dir, step):
+        waited = time.perf_counter()
+        batch = receiver.receive(step, timeout=batch_timeout)
+        wait_time = time.perf_counter() - waited
+        if batch is None:
             logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
             break
-        waited = time.perf_counter()
-        batch = wait_for_batch(run_dir, step, timeout=batch_timeout)
-        wait_time = time.perf_counter() - waited
         micro_batches = build_micro_batches(
             batch,
             config.sequence_len,
@@ -82,6 +83,7 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
             step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
         )  # fmt: skip
         step += 1
+    receiver.close()
     if sender is not None:
         sender.close()
 
@@ -267,7 +269,3 @@ def maybe_sync_reference(
     alpha = config.ref_model_mixup_alpha
     for ref_param, param in zip(reference.parameters(), model.parameters(), strict=True):
         ref_param.mul_(1 - alpha).add_(param.detach(), alpha=alpha)
-
-
-def orchestrator_done(run_dir: Path, step: int) -> bool:
-    return done_path(run_dir).exists() and not batch_path(run_dir, step).exists()

@@ -7,6 +7,7 @@ reads half a file; a file that still fails to decode is reported with its path a
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
@@ -71,11 +72,15 @@ def wait_for_batch(
     timeout: float | None = None,
     poll_interval: float = 0.05,
     report_every: float = 30.0,
-) -> TrainingBatch:
-    """Block until batch `step` exists, then read it; says what it waits for every 30 s."""
+    stop_if: Callable[[], bool] | None = None,
+) -> TrainingBatch | None:
+    """Block until batch `step` exists, then read it; says what it waits for every 30 s.
+    Returns None if `stop_if()` becomes true first (the orchestrator finished)."""
     path = batch_path(run_dir, step)
     started = last_report = time.monotonic()
     while not path.exists():
+        if stop_if is not None and stop_if():
+            return None
         now = time.monotonic()
         if timeout is not None and now - started > timeout:
             raise TimeoutError(f"no batch at {path} after {timeout:.0f} s")

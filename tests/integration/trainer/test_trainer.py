@@ -144,3 +144,34 @@ def test_kl_to_a_reference_model_and_several_iterations_per_batch(
     assert record["trainer/skipped_updates"] == 0
     assert math.isfinite(record["trainer/loss"]) and record["trainer/grad_norm"] > 0
     assert stable_steps(run_dir) == [1]
+
+
+def test_trainer_reads_batches_over_zmq_and_stops_at_the_end(
+    server_url: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    from asyncrl.config.transport import RolloutTransportConfig
+    from asyncrl.launch.inference_process import free_port
+    from asyncrl.transport.rollout_transport import batch_sender
+
+    outputs = tmp_path / "outputs"
+    run_dir = outputs / "run_default"
+    run_dir.mkdir(parents=True)
+    port = free_port()
+    sender = batch_sender(RolloutTransportConfig(type="zmq", host="127.0.0.1", port=port), run_dir)
+    command = [
+        sys.executable, "-m", "asyncrl.cli", "train", "--model", str(tiny_model_dir),
+        "--output_dir", str(outputs), "--optimizer", "adamw", "--recipe", "fp32",
+        "--lora", "false", "--transport_type", "zmq", "--rollout_transport.host", "127.0.0.1",
+        "--rollout_transport.port", str(port),
+    ]  # fmt: skip
+    trainer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for step in (1, 2):
+            sender.send(sample_batch(server_url, str(tiny_model_dir), PROMPTS, step=step))
+        sender.finish()  # max_steps is -1: the end-of-run message stops the trainer
+        output, _ = trainer.communicate(timeout=300)
+    finally:
+        trainer.kill()
+    assert trainer.returncode == 0, output[-3000:]
+    assert stable_steps(run_dir) == [1, 2]
+    assert "the orchestrator is done" in output

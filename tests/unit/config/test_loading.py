@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.loading import deep_merge, load_config, parse_overrides
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.trainer import TrainerConfig
@@ -83,3 +84,13 @@ def test_api_key_is_read_from_the_named_environment_variable(
     monkeypatch.setenv("MY_KEY", "s3cret")
     assert config.client.api_key() == "s3cret"
     assert "s3cret" not in config.model_dump_json()  # the secret never sits in the config
+
+
+def test_trainer_transport_type_is_an_alias_that_must_agree() -> None:
+    config = load_config(TrainerConfig, [], ["--model", "m", "--transport_type", "zmq"])
+    assert config.rollout_transport.type == "zmq"
+    with pytest.raises(ConfigError, match=r"disagrees with `rollout_transport\.type`"):
+        load_config(
+            TrainerConfig, [],
+            ["--model", "m", "--transport_type", "zmq", "--rollout_transport.type", "filesystem"],
+        )  # fmt: skip

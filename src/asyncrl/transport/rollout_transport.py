@@ -1,0 +1,115 @@
+"""How batches travel from the orchestrator to the trainer: one interface, two transports.
+
+- filesystem: `rollouts/step_N/batch.msgpack` written atomically; `rollouts/DONE` at the end.
+  Survives restarts; the default.
+- zmq: PUSH (orchestrator, binds) → PULL (trainer, connects) with a high-water mark, carrying
+  the same msgpack-encoded structs; an empty batch with step 0 means "no more batches".
+
+Both decode with msgspec's typed decoder: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+from asyncrl.config.transport import RolloutTransportConfig
+from asyncrl.transport.batches import (
+    batch_path,
+    decode_batch,
+    done_path,
+    encode_batch,
+    wait_for_batch,
+    write_batch,
+)
+from asyncrl.types import TrainingBatch
+
+END_OF_RUN = TrainingBatch(step=0, samples=[])
+
+
+class BatchSender(Protocol):
+    def send(self, batch: TrainingBatch) -> None: ...
+    def finish(self) -> None: ...
+
+
+class BatchReceiver(Protocol):
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch | None:
+        """Batch `step`, or None once the orchestrator has said it sends no more."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class FilesystemSender:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def send(self, batch: TrainingBatch) -> None:
+        write_batch(self.run_dir, batch)
+
+    def finish(self) -> None:
+        done_path(self.run_dir).parent.mkdir(parents=True, exist_ok=True)
+        done_path(self.run_dir).touch()
+
+
+class FilesystemReceiver:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch | None:
+        def finished_without_it() -> bool:
+            return done_path(self.run_dir).exists() and not batch_path(self.run_dir, step).exists()
+
+        return wait_for_batch(self.run_dir, step, timeout=timeout, stop_if=finished_without_it)
+
+    def close(self) -> None:
+        pass
+
+
+class ZmqSender:
+    def __init__(self, config: RolloutTransportConfig) -> None:
+        import zmq
+
+        self.context = zmq.Context.instance()
+        self.socket = self.context.socket(zmq.PUSH)
+        self.socket.setsockopt(zmq.SNDHWM, config.hwm)
+        self.socket.bind(f"tcp://{config.host}:{config.port}")
+
+    def send(self, batch: TrainingBatch) -> None:
+        self.socket.send(encode_batch(batch))  # blocks at the high-water mark: backpressure
+
+    def finish(self) -> None:
+        self.socket.send(encode_batch(END_OF_RUN))
+        self.socket.close(linger=10_000)
+
+
+class ZmqReceiver:
+    def __init__(self, config: RolloutTransportConfig) -> None:
+        import zmq
+
+        self.zmq = zmq
+        self.endpoint = f"tcp://{config.host}:{config.port}"
+        self.socket = zmq.Context.instance().socket(zmq.PULL)
+        self.socket.setsockopt(zmq.RCVHWM, config.hwm)
+        self.socket.connect(self.endpoint)
+
+    def receive(self, step: int, timeout: float | None = None) -> TrainingBatch | None:
+        if not self.socket.poll(None if timeout is None else int(timeout * 1000)):
+            raise TimeoutError(f"no batch from {self.endpoint} after {timeout:.0f} s")
+        batch = decode_batch(self.socket.recv(), self.endpoint)
+        if batch.step == 0 and not batch.samples:
+            return None
+        if batch.step != step:
+            raise ValueError(f"{self.endpoint}: received batch {batch.step}, expected {step}")
+        return batch
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+
+def batch_sender(config: RolloutTransportConfig, run_dir: Path) -> BatchSender:
+    return ZmqSender(config) if config.type == "zmq" else FilesystemSender(run_dir)
+
+
+def batch_receiver(config: RolloutTransportConfig, run_dir: Path) -> BatchReceiver:
+    return ZmqReceiver(config) if config.type == "zmq" else FilesystemReceiver(run_dir)
