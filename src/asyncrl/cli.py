@@ -55,6 +55,16 @@ def _train(config: Any) -> None:
     run_trainer(config)
 
 
+def _rl(config: Any) -> None:
+    from asyncrl.launch.local import RoleFailed, run_rl
+
+    try:
+        run_rl(config)
+    except RoleFailed as error:
+        print(f"asyncrl rl: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
 def _eval(config: Any) -> None:
     from asyncrl.evaluate import run_eval
 
@@ -66,7 +76,7 @@ def _eval(config: Any) -> None:
 class Command:
     summary: str
     config: type[BaseModel]
-    run: Callable[[Any], None] | None  # None: the role's config is defined, the role is not built
+    run: Callable[[Any], None]
 
 
 COMMANDS: dict[str, Command] = {
@@ -82,7 +92,7 @@ COMMANDS: dict[str, Command] = {
         "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, _orch
     ),
     "train": Command("GRPO trainer.", TrainerConfig, _train),
-    "rl": Command("Inference, orchestrator and trainer together.", RLConfig, None),
+    "rl": Command("Inference, orchestrator and trainer together.", RLConfig, _rl),
 }
 
 
@@ -122,12 +132,6 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
         return 0
-    if command.run is None:
-        print(
-            f"asyncrl {name}: the configuration is valid, but this role is not built yet",
-            file=sys.stderr,
-        )
-        return 2
     from asyncrl.log import setup_logging
 
     setup_logging()

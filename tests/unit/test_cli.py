@@ -52,8 +52,3 @@ def test_config_error_exits_2_naming_the_key() -> None:
 def test_unknown_command_exits_2() -> None:
     result = asyncrl("fly")
     assert result.returncode == 2 and "unknown command 'fly'" in result.stderr
-
-
-def test_role_not_built_yet_says_so_instead_of_pretending() -> None:
-    result = asyncrl("rl", "--model", "m")
-    assert result.returncode == 2 and "not built yet" in result.stderr

@@ -104,7 +104,32 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
             _set(data, path, _role_value(shared, path, known[1]))
     _propagate_output_dir(data)
     _check_model_len(data)
+    _connect_roles(data)
     return data
+
+
+def _connect_roles(data: dict[str, Any]) -> None:
+    """Point the roles at each other unless the user did: the orchestrator at the inference
+    server, the server's weight roots at the run, one rollout transport and weight broadcast."""
+    inference, orchestrator, trainer = data["inference"], data["orchestrator"], data["trainer"]
+    if not isinstance(inference, dict) or not isinstance(orchestrator, dict):
+        return
+    host = inference.get("host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    client = orchestrator.setdefault("client", {})
+    if isinstance(client, dict) and "base_url" not in client:
+        client["base_url"] = [f"http://{host}:{inference.get('port', 8000)}/v1"]
+    inference.setdefault("weight_roots", [data["output_dir"]])
+    if isinstance(trainer, dict):
+        transport = orchestrator.get("rollout_transport")
+        if transport is not None and "rollout_transport" not in trainer:
+            trainer["rollout_transport"] = transport
+        broadcast = trainer.get("weight_broadcast") or {}
+        if isinstance(broadcast, dict) and broadcast.get("type") == "nccl":
+            inference.setdefault("weight_broadcast_type", "nccl")
+            for key in ("host", "port", "timeout"):
+                if key in broadcast:
+                    inference.setdefault(f"weight_broadcast_{key}", broadcast[key])
 
 
 def _propagate_output_dir(data: dict[str, Any]) -> None:

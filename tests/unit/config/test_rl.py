@@ -102,3 +102,18 @@ def test_disagreeing_roles_stop_start_up_naming_both_keys(
 def test_errors_inside_a_role_carry_the_role_prefix() -> None:
     with pytest.raises(ConfigError, match=r"`trainer\.loss\.kl_tau`"):
         rl("--model", "m", "--trainer.loss.kl_tau", "-1")
+
+
+def test_roles_are_connected_to_each_other() -> None:
+    config = rl("--model", "m", "--inference.port", "8123", "--output_dir", "runs/a",
+                "--orchestrator.rollout_transport", "{type: zmq, port: 5600}")  # fmt: skip
+    assert config.orchestrator.client.base_url == ["http://127.0.0.1:8123/v1"]
+    assert config.inference.weight_roots == ["runs/a"]
+    assert config.trainer.rollout_transport.type == "zmq"
+    assert config.trainer.rollout_transport.port == 5600
+
+
+def test_nccl_broadcast_on_the_trainer_switches_the_server_to_receive_it() -> None:
+    config = rl("--model", "m", "--trainer.weight_broadcast", "{type: nccl, port: 29600}")
+    assert config.inference.weight_broadcast_type == "nccl"
+    assert config.inference.weight_broadcast_port == 29600

@@ -1,0 +1,74 @@
+"""The combined live view of a run: step, reward, throughput, staleness, ETA — read from
+`metrics.jsonl`, drawn with rich on a terminal and as one log line per step otherwise."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.live import Live
+from rich.table import Table
+
+from asyncrl.log import console, get_logger
+from asyncrl.monitor.metrics import read_metrics
+
+logger = get_logger(__name__)
+
+
+class LiveView:
+    def __init__(self, metrics_path: Path, max_steps: int | None) -> None:
+        self.path = metrics_path
+        self.max_steps = max_steps
+        self.started = time.monotonic()
+        self.shown_step = 0
+        self.live: Live | None = (
+            Live(console=console, refresh_per_second=2) if sys.stderr.isatty() else None
+        )
+
+    def __enter__(self) -> LiveView:
+        if self.live is not None:
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def latest(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not self.path.exists():
+            return {}, {}
+        records = read_metrics(self.path)
+        orchestrator = [r for r in records if r["role"] == "orchestrator"]
+        trainer = [r for r in records if r["role"] == "trainer"]
+        return (orchestrator[-1] if orchestrator else {}), (trainer[-1] if trainer else {})
+
+    def refresh(self) -> None:
+        orch, train = self.latest()
+        step = train.get("step", 0)
+        elapsed = time.monotonic() - self.started
+        eta = (
+            f"{elapsed / step * (self.max_steps - step):.0f} s"
+            if step and self.max_steps else "?"
+        )  # fmt: skip
+        row = {
+            "step": f"{step}/{self.max_steps or '∞'} (batches {orch.get('step', 0)})",
+            "reward": _fmt(orch.get("orchestrator/reward_mean")),
+            "gen tok/s": _fmt(orch.get("orchestrator/tokens_per_s"), "{:,.0f}"),
+            "train tok/s": _fmt(train.get("trainer/tokens_per_s"), "{:,.0f}"),
+            "staleness": _fmt(train.get("trainer/max_staleness"), "{:.0f}"),
+            "mismatch kl": _fmt(train.get("trainer/mismatch_kl"), "{:.1e}"),
+            "eta": eta,
+        }
+        if self.live is not None:
+            table = Table(*row.keys(), title="asyncrl rl")
+            table.add_row(*row.values())
+            self.live.update(table)
+        elif step > self.shown_step:
+            self.shown_step = step
+            logger.info("rl: " + "  ".join(f"{k} {v}" for k, v in row.items()))
+
+
+def _fmt(value: object, pattern: str = "{:.3f}") -> str:
+    return pattern.format(value) if isinstance(value, int | float) else "-"

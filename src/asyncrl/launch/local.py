@@ -1,0 +1,86 @@
+"""`asyncrl rl`: inference, orchestrator and trainer started together on this machine.
+
+Each role runs as `asyncrl infer|orch|train <its config>` (files written to
+`<output_dir>/configs/`, so any role can be restarted by hand the same way) with its log in
+`<output_dir>/logs/`. Inference starts first and must answer /health; then the trainer and the
+orchestrator. The run ends when trainer and orchestrator have finished; if any role fails, or on
+Ctrl-C, all three are stopped and the failing role's log tail is shown.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from asyncrl.config.rl import RLConfig
+from asyncrl.launch.inference_process import wait_healthy
+from asyncrl.launch.live_view import LiveView
+from asyncrl.launch.processes import start, stop, tail
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+ROLES = ("infer", "orch", "train")
+
+
+class RoleFailed(RuntimeError):
+    """A role exited with an error; the message holds the end of its log."""
+
+
+def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    sections = {"infer": config.inference, "orch": config.orchestrator, "train": config.trainer}
+    paths = {}
+    for role, section in sections.items():
+        path = directory / f"{role}.yaml"
+        path.write_text(yaml.safe_dump(section.model_dump(mode="json"), sort_keys=False))
+        paths[role] = path
+    return paths
+
+
+def run_rl(config: RLConfig) -> None:
+    output = Path(config.output_dir)
+    logs = output / "logs"
+    paths = write_role_configs(config, output / "configs")
+    command = [sys.executable, "-m", "asyncrl.cli"]
+    processes: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        processes["infer"] = start([*command, "infer", str(paths["infer"])], logs / "infer.log")
+        url = f"http://{config.orchestrator.client.base_url[0].split('//')[1].split('/')[0]}"
+        wait_healthy(url, processes["infer"], timeout=600)  # type: ignore[arg-type]
+        logger.info("rl: inference ready at %s; starting trainer and orchestrator", url)
+        for role in ("train", "orch"):
+            processes[role] = start([*command, role, str(paths[role])], logs / f"{role}.log")
+        supervise(processes, logs, config)
+    except KeyboardInterrupt:
+        logger.warning("rl: interrupted; stopping every role")
+        raise
+    finally:
+        for process in processes.values():
+            stop(process)
+
+
+def supervise(processes: dict[str, subprocess.Popen[bytes]], logs: Path, config: RLConfig) -> None:
+    """Until trainer and orchestrator finish; any failure stops everything."""
+    view = LiveView(Path(config.orchestrator.output_dir) / "metrics.jsonl", config.max_steps)
+    with view:
+        while True:
+            for role, process in processes.items():
+                code = process.poll()
+                if code not in (None, 0):
+                    raise RoleFailed(
+                        f"`asyncrl {role}` exited with code {code}; end of "
+                        f"{logs / f'{role}.log'}:\n{tail(logs / f'{role}.log')}"
+                    )
+                if role == "infer" and code == 0:
+                    raise RoleFailed("the inference server stopped before training ended")
+            if all(processes[role].poll() == 0 for role in ("train", "orch")):
+                view.refresh()
+                logger.info("rl: trainer and orchestrator finished")
+                return
+            view.refresh()
+            time.sleep(0.5)
