@@ -99,6 +99,7 @@ COMMANDS: dict[str, Command] = {
 def _usage() -> str:
     lines = [f"asyncrl {__version__}: asynchronous GRPO training", "", "commands:"]
     lines += [f"  {name:<11} {command.summary}" for name, command in COMMANDS.items()]
+    lines += [f"  {'plot':<11} Draw a run's metrics: asyncrl plot RUN_DIR -v reward -o out.png"]
     lines += ["", "`asyncrl <command> --help` lists every config field of a command."]
     return "\n".join(lines)
 
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         print(__version__)
         return 0
     name, rest = args[0], args[1:]
+    if name == "plot":  # flag-style arguments, as in async-grpo's plot tool
+        from asyncrl.monitor.plot import main as plot_main
+
+        return plot_main(rest)
     command = COMMANDS.get(name)
     if command is None:
         print(f"asyncrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
