@@ -103,7 +103,7 @@ def evaluate(
 
 def run_eval(config: EvalRunConfig) -> EvalResult:
     tokenizer = AutoTokenizer.from_pretrained(
-        config.model, trust_remote_code=config.trust_remote_code
+        config.tokenizer or config.model, trust_remote_code=config.trust_remote_code
     )
     model = AutoModelForCausalLM.from_pretrained(
         config.model, dtype=torch.float32, trust_remote_code=config.trust_remote_code

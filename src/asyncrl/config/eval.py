@@ -10,6 +10,9 @@ from asyncrl.config.env import EnvConfig
 
 class EvalRunConfig(StrictModel):
     model: str = Field(description="Hugging Face model id or local path.")
+    tokenizer: str | None = Field(
+        None, description="Tokenizer location (null = `model`; RL broadcasts hold weights only)."
+    )
     env: EnvConfig = Field(
         default_factory=lambda: EnvConfig(id="reverse-text"), description="Environment."
     )

@@ -9,6 +9,7 @@ Ctrl-C, all three are stopped and the failing role's log tail is shown.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -42,19 +43,37 @@ def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
     return paths
 
 
+def thread_budget() -> dict[str, dict[str, str]]:
+    """On a CPU-only machine, split the cores between inference and trainer instead of letting
+    each torch process use all of them (oversubscription slows both). A user's own
+    OMP_NUM_THREADS wins; GPU machines are left alone."""
+    import torch
+
+    if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
+        return {role: {} for role in ROLES}
+    half = str(max(1, (os.cpu_count() or 2) // 2))
+    return {"infer": {"OMP_NUM_THREADS": half}, "train": {"OMP_NUM_THREADS": half},
+            "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
+
+
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
     logs = output / "logs"
     paths = write_role_configs(config, output / "configs")
     command = [sys.executable, "-m", "asyncrl.cli"]
+    threads = thread_budget()
     processes: dict[str, subprocess.Popen[bytes]] = {}
     try:
-        processes["infer"] = start([*command, "infer", str(paths["infer"])], logs / "infer.log")
+        processes["infer"] = start(
+            [*command, "infer", str(paths["infer"])], logs / "infer.log", threads["infer"]
+        )
         url = f"http://{config.orchestrator.client.base_url[0].split('//')[1].split('/')[0]}"
         wait_healthy(url, processes["infer"], timeout=600)  # type: ignore[arg-type]
         logger.info("rl: inference ready at %s; starting trainer and orchestrator", url)
         for role in ("train", "orch"):
-            processes[role] = start([*command, role, str(paths[role])], logs / f"{role}.log")
+            processes[role] = start(
+                [*command, role, str(paths[role])], logs / f"{role}.log", threads[role]
+            )
         supervise(processes, logs, config)
     except KeyboardInterrupt:
         logger.warning("rl: interrupted; stopping every role")

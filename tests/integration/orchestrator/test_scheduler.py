@@ -1,7 +1,9 @@
 """Bounded staleness, checked from the per-token policy versions in the batches themselves.
 
-A real embedded server and a real `asyncrl orch` process; the trainer is played by the test:
-it waits for each batch, takes its time (slow publication), then publishes weights version s.
+A real embedded server and a real `asyncrl orch` process; the trainer is played by the test and
+publishes weights late on purpose: before publishing version s it waits until the orchestrator
+has produced batch s + k, which it can only do by running k steps ahead, and checks it went no
+further. Timing-independent: a wrong scheduler deadlocks or overruns, it cannot pass by luck.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from asyncrl.launch.inference_process import inference_server
 from asyncrl.monitor.metrics import read_metrics
-from asyncrl.transport.batches import done_path, read_batch, wait_for_batch
+from asyncrl.transport.batches import batch_path, done_path, read_batch, wait_for_batch
 from asyncrl.transport.broadcast import publish_weights
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,7 +52,12 @@ def test_no_sample_violates_max_async_level_or_max_off_policy_steps(
             model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
             for step in range(1, STEPS + 1):
                 wait_for_batch(run_dir, step, timeout=120)
-                time.sleep(0.6)  # a slow trainer: generation must wait or run ahead by ≤ k
+                if step + k <= STEPS:
+                    # a trainer slower than generation: before weights `step` exist, the
+                    # orchestrator must still produce batch step + k (and no further)
+                    wait_for_batch(run_dir, step + k, timeout=120)
+                    time.sleep(0.5)
+                    assert not batch_path(run_dir, step + k + 1).exists()
                 publish_weights(run_dir, step, model, keep=k + 2)
             output, _ = orchestrator.communicate(timeout=120)
         finally:
@@ -69,7 +76,7 @@ def test_no_sample_violates_max_async_level_or_max_off_policy_steps(
     if k == 0:
         assert set(lags) == {0}  # synchronous: every token from the newest weights
     else:
-        assert max(lags) >= 1  # generation ran ahead of the slow trainer
+        assert max(lags) >= k  # batches generated k versions ahead of the weights
     assert done_path(run_dir).exists()
     records = read_metrics(run_dir / "metrics.jsonl", role="orchestrator")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
