@@ -6,8 +6,8 @@ as enough fresh groups are ready. Staleness is bounded two ways, with k = max_as
 
 - generation for batch s starts only once the servers hold weights version ≥ s − 1 − k (it waits
   for `broadcasts/step_v/STABLE` and loads it, mid-step if need be; newer weights are loaded as
-  soon as they appear), and batch s only takes rollouts whose newest token is from a version
-  ≥ s − 1 − k;
+  soon as they appear), and batch s only takes groups in which every rollout's newest token is
+  from a version ≥ s − 1 − k;
 - a rollout whose oldest token is from a version < s − 1 − max_off_policy_steps is dropped.
 
 With k = 0 this is synchronous on-policy GRPO; larger k lets generation run ahead of training.
@@ -141,9 +141,9 @@ class Orchestrator:
         kept = deque()
         while ready:
             group = ready.popleft()
-            if group.max_version < newest_floor:
+            if group.stalest_rollout_version < newest_floor:
                 drops["async_level"] += 1
-            elif group.min_version < oldest_floor:
+            elif group.oldest_token_version < oldest_floor:
                 drops["off_policy"] += 1
             elif not group.trainable:
                 drops["no_signal"] += 1

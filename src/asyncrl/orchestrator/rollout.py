@@ -32,12 +32,15 @@ class Group:
     finished_at: float = field(default_factory=time.monotonic)
 
     @property
-    def min_version(self) -> int:
+    def oldest_token_version(self) -> int:
+        """The oldest weights that produced any token of the group."""
         return min(min(s.policy_versions, default=0) for s in self.samples)
 
     @property
-    def max_version(self) -> int:
-        return max(max(s.policy_versions, default=0) for s in self.samples)
+    def stalest_rollout_version(self) -> int:
+        """The newest token of the group's stalest rollout: a short completion can finish on old
+        weights while its siblings continue on new ones, so the bound must hold per rollout."""
+        return min(max(s.policy_versions, default=0) for s in self.samples)
 
     @property
     def zero_advantage(self) -> bool:
