@@ -10,6 +10,7 @@ Ctrl-C, all three are stopped and the failing role's log tail is shown.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,9 @@ def run_rl(config: RLConfig) -> None:
     command = [sys.executable, "-m", "asyncrl.cli"]
     threads = thread_budget()
     processes: dict[str, subprocess.Popen[bytes]] = {}
+    # SIGTERM (a scheduler, `kill`) takes the same path as Ctrl-C: the `finally` below stops the
+    # children gently; if the launcher is SIGKILLed the kernel still ends them (PDEATHSIG)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         processes["infer"] = start(
             [*command, "infer", str(paths["infer"])], logs / "infer.log", threads["infer"]
