@@ -16,6 +16,13 @@ demo: setup
 	$(BIN)/asyncrl init-model --preset small --output_dir $(DEMO_DIR)/base
 	$(BIN)/asyncrl sft examples/reverse_text/sft.yaml --model $(DEMO_DIR)/base --output_dir $(DEMO_DIR)/sft
 	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(DEMO_DIR)/sft/final
+	@echo "== RL: sampled (temperature 1.0) reward on 256 held-out prompts, before and after =="
+	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(DEMO_DIR)/sft/final --temperature 1.0
+	rm -rf $(DEMO_DIR)/rl
+	$(BIN)/asyncrl rl examples/reverse_text/rl.yaml --model $(DEMO_DIR)/sft/final --output_dir $(DEMO_DIR)/rl
+	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --temperature 1.0 --tokenizer $(DEMO_DIR)/sft/final \
+		--model $$(ls -d $(DEMO_DIR)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
+	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
 
 test: setup lint
 	$(BIN)/python -m pytest

@@ -104,7 +104,11 @@ class BufferConfig(StrictModel):
 
 
 class AdvantageConfig(StrictModel):
-    type: Literal["default", "custom"] = Field("default", description="`default` or `custom`.")
+    type: Literal["default", "custom", "process"] = Field(
+        "default",
+        description="`default` (group-relative), `custom` (import_path), or `process` (per-step "
+        "rewards from the environment's `step_rewards` → per-token advantages).",
+    )
     length_weighted_mean: bool = Field(
         False, description="Weight the group baseline by completion length."
     )

@@ -26,6 +26,7 @@ class RewardResult:
     values: dict[str, float]
     failed: list[str] = field(default_factory=list)  # rubric terms that raised / were not finite
     timed_out: bool = False
+    steps: list[tuple[int, float]] = field(default_factory=list)  # (end character, reward)
 
 
 class _Worker:
@@ -67,10 +68,12 @@ class RewardPool:
         self._workers.remove(worker)
         return await self._spawn()
 
-    async def score(self, completion: str, example: Example) -> RewardResult:
+    async def score(self, completion: str, example: Example, steps: bool = False) -> RewardResult:
         worker = await self._idle.get()
         try:
-            task = json.dumps({"completion": completion, "example": asdict(example)})
+            task = json.dumps(
+                {"completion": completion, "example": asdict(example), "steps": steps}
+            )
             assert worker.process.stdin is not None and worker.process.stdout is not None
             worker.process.stdin.write(task.encode() + b"\n")
             await worker.process.stdin.drain()
@@ -91,7 +94,9 @@ class RewardPool:
             self.failures[name] += 1
             self._log_once(name, f"reward function `{name}` failed (scored 0):\n{trace}")
         values = answer["values"]
-        return RewardResult(rubric_reward(values, self.rubric), values, list(answer["errors"]))
+        steps = [(int(end), float(reward)) for end, reward in answer.get("steps", [])]
+        failed = [name for name in answer["errors"] if name != "step_rewards"]
+        return RewardResult(rubric_reward(values, self.rubric), values, failed, steps=steps)
 
     def _log_once(self, key: str, message: str) -> None:
         if key not in self._logged:

@@ -37,7 +37,18 @@ def main() -> None:
             except Exception:  # the user's reward code: any failure costs this term only
                 values[term.name] = 0.0
                 errors[term.name] = traceback.format_exc()
-        channel.write(json.dumps({"values": values, "errors": errors}) + "\n")
+        steps: list[list[float]] = []
+        if task.get("steps") and hasattr(env, "step_rewards"):
+            try:
+                steps = [
+                    [int(end), float(r)] for end, r in env.step_rewards(task["completion"], example)
+                ]
+                if not all(math.isfinite(r) for _, r in steps):
+                    raise ValueError("step_rewards returned a non-finite reward")
+            except Exception:  # the user's code again: no steps means no process advantage
+                steps = []
+                errors["step_rewards"] = traceback.format_exc()
+        channel.write(json.dumps({"values": values, "errors": errors, "steps": steps}) + "\n")
         channel.flush()
 
 

@@ -59,7 +59,10 @@ class Orchestrator:
             raise ConfigError("`model.name` is required (the model the servers serve)")
         self.model_name = model
         self.request_model = model  # becomes the adapter name once a LoRA broadcast is loaded
-        self.vocab_size = len(AutoTokenizer.from_pretrained(model))
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        self.vocab_size = len(tokenizer)
+        # token text as it appears in completions (the server skips special tokens)
+        self.decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)
         steps = config.max_steps or 100
         pool_size = min(
             100_000, max(1024, steps * config.batch_size // config.rollouts_per_example)
@@ -130,7 +133,7 @@ class Orchestrator:
         )
         return await run_group(
             request, self.config, self.clients, self.rewards[drawn.env_index], self.buffer,
-            self.vocab_size,
+            self.vocab_size, self.decode,
         )  # fmt: skip
 
     def assemble(self, step: int, ready: deque[Group]) -> tuple[list[Group], Counter[str]] | None:

@@ -4,14 +4,16 @@ scored, given group-relative advantages and filtered, as training samples."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs.reward_pool import RewardPool, RewardResult
-from asyncrl.orchestrator.advantage import group_advantages
+from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.buffer import Buffer, Drawn
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.filters import apply_filters
@@ -75,6 +77,33 @@ class Completion:
         )  # fmt: skip
 
 
+def per_token_advantages(
+    choices: list[Completion],
+    scored: list[RewardResult],
+    lengths: list[int],
+    config: OrchestratorConfig,
+    decode: Callable[[list[int]], str] | None,
+) -> list[list[float]]:
+    """Outcome advantages spread over each completion's tokens, or (advantage.type `process`)
+    per-token advantages from per-step rewards, step ends mapped from characters to tokens."""
+    if config.advantage.type != "process":
+        outcome = group_advantages([r.reward for r in scored], lengths, config.advantage)
+        return [[value] * n for value, n in zip(outcome, lengths, strict=True)]
+    if decode is None:
+        raise ValueError("process advantages need a tokenizer to map characters to tokens")
+    steps_in_tokens = []
+    for choice, result in zip(choices, scored, strict=True):
+        ends, total = [], 0
+        for token in choice.token_ids:  # character offset at the end of every token
+            # (`decode` must skip special tokens, as the completion text does)
+            total += len(decode([token]))
+            ends.append(total)
+        steps_in_tokens.append(
+            [(bisect.bisect_left(ends, end), reward) for end, reward in result.steps]
+        )
+    return process_advantages(steps_in_tokens, lengths)
+
+
 @dataclass(frozen=True)
 class GroupRequest:
     drawn: Drawn
@@ -92,6 +121,7 @@ async def run_group(
     rewards: RewardPool,
     buffer: Buffer,
     vocab_size: int,
+    decode: Callable[[list[int]], str] | None = None,
 ) -> Group:
     sampling = config.sampling
     example = request.drawn.example
@@ -123,11 +153,12 @@ async def run_group(
     if config.buffer.skip_verification:
         scored = [RewardResult(0.0, {}) for _ in choices]
     else:
+        process = config.advantage.type == "process"
         scored = await asyncio.gather(
-            *(rewards.score(text, request.drawn.example) for text in texts)
+            *(rewards.score(text, request.drawn.example, steps=process) for text in texts)
         )
     lengths = [len(choice.token_ids) for choice in choices]
-    advantages = group_advantages([r.reward for r in scored], lengths, config.advantage)
+    token_advantages = per_token_advantages(choices, scored, lengths, config, decode)
     group = Group(
         drawn=request.drawn,
         env_name=request.env_name,
@@ -138,8 +169,8 @@ async def run_group(
         trainable=buffer.record(request.drawn, [r.reward for r in scored]),
         reward_failures=sum(len(r.failed) + r.timed_out for r in scored),
     )
-    for choice, result, advantage, truncated in zip(
-        choices, scored, advantages, group.truncated, strict=True
+    for choice, result, advantages, truncated in zip(
+        choices, scored, token_advantages, group.truncated, strict=True
     ):
         token_ids, logprobs = choice.token_ids, choice.logprobs
         versions = choice.policy_versions or [request.launch_version] * len(token_ids)
@@ -154,7 +185,7 @@ async def run_group(
                 completion_ids=token_ids,
                 completion_mask=[outcome.train] * len(token_ids),
                 inference_logprobs=logprobs,
-                advantages=[advantage] * len(token_ids),
+                advantages=advantages,
                 policy_versions=versions,
                 temperature=request.temperature,
                 env=request.env_name,

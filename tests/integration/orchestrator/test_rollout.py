@@ -65,3 +65,80 @@ def test_group_samples_are_aligned_and_scored(
         )
 
     asyncio.run(scenario())
+
+
+STEPPER = """
+from asyncrl.envs.base import Example, RewardFunction
+
+
+class Stepper:
+    name = "stepper"
+
+    def __init__(self):
+        self.rubric = [RewardFunction("length", lambda c, e: min(1.0, len(c) / 10))]
+
+    def examples(self, split, count):
+        return [Example(i, [{"role": "user", "content": "go"}], "", "stepper")
+                for i in range(count)]
+
+    def step_rewards(self, completion, example):
+        # a step ends after the 2nd character (reward: is it 'a') and at the end (length / 10)
+        return [(2, float(completion[1:2] == "a")), (len(completion), len(completion) / 10)]
+
+
+def load_environment():
+    return Stepper()
+"""
+
+
+def test_process_supervision_turns_step_rewards_into_per_token_advantages(
+    server_url: str, tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoTokenizer
+
+    from asyncrl.orchestrator.advantage import process_advantages
+
+    (tmp_path / "stepper_env.py").write_text(STEPPER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    config = OrchestratorConfig(
+        model={"name": str(tiny_model_dir)}, env=[{"id": "me/stepper-env"}], batch_size=4,
+        rollouts_per_example=4, sampling={"max_tokens": 8, "temperature": 1.0},
+        client={"base_url": [f"{server_url}/v1"]}, advantage={"type": "process"},
+    )  # fmt: skip
+    env = load_environment("me/stepper-env")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    async def scenario() -> None:
+        clients = ClientPool(config.client)
+        await clients.start(str(tiny_model_dir))
+        rewards = RewardPool("me/stepper-env", {}, env.rubric, num_workers=1)
+        await rewards.start()
+        buffer = Buffer([env], config.buffer, 0, pool_size=4)
+        request = GroupRequest(buffer.draw(), "stepper", str(tiny_model_dir), 1.0, 5, 0)
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=True)
+
+        group = await run_group(request, config, clients, rewards, buffer, 128, decode)
+        await rewards.close()
+        await clients.close()
+
+        # by hand: a step ending at character c ends at the first token whose prefix decodes to
+        # at least c characters (special tokens decode to nothing, as in the completion text)
+        def token_of(ids: list[int], end: int) -> int:
+            return next(t for t in range(len(ids)) if len(decode(ids[: t + 1])) >= end)
+
+        steps = []
+        for sample in group.samples:
+            ids, text = sample.completion_ids, decode(sample.completion_ids)
+            steps.append(
+                [(token_of(ids, 2), float(text[1:2] == "a")),
+                 (token_of(ids, len(text)), len(text) / 10)]
+            )  # fmt: skip
+        expected = process_advantages(steps, [len(s.completion_ids) for s in group.samples])
+        for sample, want in zip(group.samples, expected, strict=True):
+            assert sample.advantages == pytest.approx(want, abs=1e-6)
+        assert any(len(set(s.advantages)) > 1 for s in group.samples)  # really per token
+
+    asyncio.run(scenario())
