@@ -13,6 +13,7 @@ from pathlib import Path
 
 from asyncrl.envs.answers import boxed
 from asyncrl.envs.base import Example, RewardFunction, Split, split_of
+from asyncrl.envs.jsonl_file import read_jsonl
 from asyncrl.envs.math_answers import same_answer
 from asyncrl.envs.reverse_text import lcs_ratio
 
@@ -30,13 +31,7 @@ class JsonlDataset:
     @staticmethod
     def _read(path: Path) -> list[dict]:
         records = []
-        for number, line in enumerate(path.read_text().splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{number}: not JSON ({error})") from error
+        for number, record in read_jsonl(path):
             if "answer" not in record or not ("input" in record or "input_token_ids" in record):
                 raise ValueError(
                     f"{path}:{number}: needs `answer` and `input` or `input_token_ids`"

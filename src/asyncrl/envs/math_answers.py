@@ -8,12 +8,12 @@ otherwise a normalised exact match (spaces, `$`, a trailing `.0` removed).
 from __future__ import annotations
 
 import importlib.util
-import json
 import random
 from pathlib import Path
 
 from asyncrl.envs.answers import boxed, evaluate
 from asyncrl.envs.base import Example, RewardFunction, Split, split_of
+from asyncrl.envs.jsonl_file import read_jsonl
 
 SUFFIX = "\nPut the final answer in \\boxed{}."
 HAVE_MATH_VERIFY = importlib.util.find_spec("math_verify") is not None
@@ -34,15 +34,11 @@ def same_answer(predicted: str, gold: str) -> bool:
 
 def read_problems(path: Path) -> list[tuple[str, str]]:
     problems = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-            question = record.get("question") or record.get("problem") or record["input"]
-            problems.append((str(question), str(record["answer"])))
-        except (json.JSONDecodeError, KeyError, AttributeError) as error:
-            raise ValueError(f"{path}:{number}: needs `question` and `answer` ({error})") from error
+    for number, record in read_jsonl(path):
+        question = record.get("question") or record.get("problem") or record.get("input")
+        if question is None or "answer" not in record:
+            raise ValueError(f"{path}:{number}: needs `question` and `answer`")
+        problems.append((str(question), str(record["answer"])))
     return problems
 
 
