@@ -20,6 +20,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.sampling import SamplingParams, SequenceView, sample
 from asyncrl.log import get_logger
@@ -372,27 +373,3 @@ def _output(sequence: Sequence) -> CompletionOutput:
         stop_reason=sequence.stop_reason,
         policy_versions=list(sequence.versions),
     )
-
-
-class EngineStats:
-    """Counters for /metrics: generated tokens, and throughput over a recent window."""
-
-    def __init__(self, window_seconds: float = 10.0) -> None:
-        self.generated_tokens = 0
-        self.window_seconds = window_seconds
-        self._recent: deque[tuple[float, int]] = deque()
-
-    def record(self, tokens: int, _elapsed: float) -> None:
-        now = time.monotonic()
-        self.generated_tokens += tokens
-        self._recent.append((now, tokens))
-        while self._recent and self._recent[0][0] < now - self.window_seconds:
-            self._recent.popleft()
-
-    def tokens_per_second(self) -> float:
-        now = time.monotonic()
-        recent = [(t, n) for t, n in self._recent if t >= now - self.window_seconds]
-        if not recent:
-            return 0.0
-        span = max(now - recent[0][0], 1e-3)
-        return sum(n for _, n in recent) / span

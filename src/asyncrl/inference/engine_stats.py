@@ -1,0 +1,30 @@
+"""Engine counters for /metrics: generated tokens, and throughput over a recent window."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+
+class EngineStats:
+    """Counters for /metrics: generated tokens, and throughput over a recent window."""
+
+    def __init__(self, window_seconds: float = 10.0) -> None:
+        self.generated_tokens = 0
+        self.window_seconds = window_seconds
+        self._recent: deque[tuple[float, int]] = deque()
+
+    def record(self, tokens: int, _elapsed: float) -> None:
+        now = time.monotonic()
+        self.generated_tokens += tokens
+        self._recent.append((now, tokens))
+        while self._recent and self._recent[0][0] < now - self.window_seconds:
+            self._recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        now = time.monotonic()
+        recent = [(t, n) for t, n in self._recent if t >= now - self.window_seconds]
+        if not recent:
+            return 0.0
+        span = max(now - recent[0][0], 1e-3)
+        return sum(n for _, n in recent) / span
