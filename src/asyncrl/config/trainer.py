@@ -67,6 +67,13 @@ class TrainerConfig(TrainingConfig):
     )
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss.")
     num_iterations: int = Field(1, ge=1, description="Optimizer updates per batch.")
+    resume_step: int | None = Field(
+        None, ge=-1, description="Checkpoint step to resume from (-1 = latest complete)."
+    )
+    keep_last: int | None = Field(None, gt=0, description="Keep at most N recent checkpoints.")
+    keep_interval: int | None = Field(
+        None, gt=0, description="Keep checkpoints at every N steps permanently."
+    )
     sync_ref_model: bool = Field(
         False, description="Move the reference model toward the policy during training."
     )

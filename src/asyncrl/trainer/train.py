@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,17 +19,19 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
+from asyncrl.checkpoint.layout import checkpoint_dir, prune, resolve_resume_step
 from asyncrl.config.base import ConfigError
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, LossOutput, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.run_dir import find_run_dir
-from asyncrl.transport.broadcast import publish_marker, publish_weights
+from asyncrl.transport.broadcast import publish_marker, publish_weights, stable_steps
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -54,7 +57,7 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     logger.info("trainer: run %s, model %s, loss %s", run_dir, config.model, config.loss.type)
 
     receiver = batch_receiver(config.rollout_transport, run_dir)
-    step = 1
+    step = resume(config, run_dir, model, optimizer, scheduler) + 1
     while config.max_steps < 0 or step <= config.max_steps:
         waited = time.perf_counter()
         batch = receiver.receive(step, timeout=batch_timeout)
@@ -75,6 +78,12 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
         )
         publish(run_dir, step, model, sender, keep=config.max_async_level + 2)
         maybe_sync_reference(reference, model, step, config)
+        if config.save_steps and step % config.save_steps == 0:
+            root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+            save_trainer_checkpoint(
+                checkpoint_dir(run_dir, step, "trainer", root), step, model, optimizer, scheduler
+            )
+            prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
         if step % config.logging_steps == 0 or step == config.max_steps:
             summary = {**stats.summary(), "wait_time": wait_time}
             metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
@@ -86,6 +95,28 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     receiver.close()
     if sender is not None:
         sender.close()
+
+
+def resume(
+    config: TrainerConfig,
+    run_dir: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> int:
+    """The step training resumes after (0 for a fresh start). Broadcasts the crashed run made
+    after that step are removed: they belong to a future this run will redo."""
+    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    step = resolve_resume_step(config.resume_step, run_dir, ("trainer",), root)
+    if step is None:
+        return 0
+    load_trainer_checkpoint(
+        checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler
+    )
+    for later in [s for s in stable_steps(run_dir) if s > step]:
+        shutil.rmtree(run_dir / "broadcasts" / f"step_{later}", ignore_errors=True)
+    logger.info("trainer: resumed from the checkpoint of step %d", step)
+    return step
 
 
 def open_sender(config: TrainerConfig) -> WeightSender | None:
@@ -214,11 +245,6 @@ def record_first_pass(
 
 
 def check_supported(config: TrainerConfig) -> None:
-    if config.save_steps is not None or config.checkpoint_dir is not None:
-        raise ConfigError(
-            "`save_steps` / `checkpoint_dir` (trainer checkpoints and resume) are not supported "
-            "yet; weights of every step are in broadcasts/step_N"
-        )
     if config.loss.teacher_tau > 0:
         raise ConfigError("`loss.teacher_tau` is not supported yet (teacher logprobs)")
     if config.loss.beta > 0 and config.loss.type == "masked_is":

@@ -13,8 +13,6 @@ from asyncrl.trainer.train import check_supported
 @pytest.mark.parametrize(
     ("overrides", "says"),
     [
-        (["--save_steps", "10"], "not supported yet"),
-        (["--checkpoint_dir", "x"], "not supported yet"),
         (["--loss.teacher_tau", "0.1"], "teacher"),
         (["--loss.beta", "0.1"], "masked_is uses `loss.kl_tau`"),
         (["--weight_broadcast.type", "nccl", "--lora", "true"], "with LoRA use `filesystem`"),

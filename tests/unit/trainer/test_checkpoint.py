@@ -1,0 +1,47 @@
+"""A trainer checkpoint restores weights, optimizer, scheduler and RNG exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from asyncrl.config.trainer import TrainerConfig
+from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from asyncrl.trainer.optim import build_optimizer, build_scheduler
+
+
+def setup(model_dir: Path) -> tuple:
+    config = TrainerConfig(model=str(model_dir), optimizer="adamw", warmup_steps=3,
+                           lr_scheduler_type="cosine")  # fmt: skip
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    optimizer = build_optimizer(model, config)
+    return model, optimizer, build_scheduler(optimizer, config, total_steps=10)
+
+
+def train_a_step(model: torch.nn.Module, optimizer, scheduler) -> None:
+    loss = model(torch.tensor([[70, 71, 72, 73]]), labels=torch.tensor([[70, 71, 72, 73]])).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    scheduler.step()
+
+
+def test_round_trip_restores_everything(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    for _ in range(2):
+        train_a_step(model, optimizer, scheduler)
+    torch.manual_seed(123)
+    save_trainer_checkpoint(tmp_path / "ckpt", 2, model, optimizer, scheduler)
+    expected_noise = torch.rand(3)
+    train_a_step(model, optimizer, scheduler)  # the run goes on after the save
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    fresh, fresh_optimizer, fresh_scheduler = setup(tiny_model_dir)
+    step = load_trainer_checkpoint(tmp_path / "ckpt", fresh, fresh_optimizer, fresh_scheduler)
+    assert step == 2 and (tmp_path / "ckpt" / "COMPLETE").exists()
+    assert torch.equal(torch.rand(3), expected_noise)  # RNG restored
+    train_a_step(fresh, fresh_optimizer, fresh_scheduler)  # the same third step
+    for name, parameter in fresh.named_parameters():
+        assert torch.allclose(parameter, expected[name], atol=1e-7), name
