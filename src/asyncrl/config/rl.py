@@ -20,6 +20,14 @@ from asyncrl.config.trainer import TrainerConfig
 
 RUN_DIR_NAME = "run_default"
 
+# orchestrator `ckpt.*` key -> the trainer key that must follow it
+CHECKPOINT_KEYS = {
+    "interval": "save_steps",
+    "resume_step": "resume_step",
+    "keep_last": "keep_last",
+    "keep_interval": "keep_interval",
+}
+
 # shared field -> where each role keeps it (a key path inside the `rl` config)
 SHARED_FIELDS: dict[str, list[tuple[str, ...]]] = {
     "model": [("inference", "model"), ("orchestrator", "model", "name"), ("trainer", "model")],
@@ -121,6 +129,11 @@ def _connect_roles(data: dict[str, Any]) -> None:
         client["base_url"] = [f"http://{host}:{inference.get('port', 8000)}/v1"]
     inference.setdefault("weight_roots", [data["output_dir"]])
     if isinstance(trainer, dict):
+        ckpt = orchestrator.get("ckpt") or {}
+        if isinstance(ckpt, dict):  # both roles checkpoint at the same steps and resume together
+            for ckpt_key, trainer_key in CHECKPOINT_KEYS.items():
+                if ckpt_key in ckpt and trainer_key not in trainer:
+                    trainer[trainer_key] = ckpt[ckpt_key]
         transport = orchestrator.get("rollout_transport")
         if transport is not None and "rollout_transport" not in trainer:
             trainer["rollout_transport"] = transport

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from asyncrl.checkpoint.layout import forget_after, resolve_resume_step
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.inference_process import wait_healthy
 from asyncrl.launch.live_view import LiveView
@@ -57,9 +58,26 @@ def thread_budget() -> dict[str, dict[str, str]]:
             "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
 
 
+def prepare_resume(config: RLConfig) -> RLConfig:
+    """With `ckpt.resume_step`, both roles resume from the same step: the one requested, or
+    the latest complete for both; what the crashed run made after it is removed first."""
+    requested = config.orchestrator.ckpt.resume_step
+    if requested is None:
+        return config
+    run_dir = Path(config.orchestrator.output_dir)
+    step = resolve_resume_step(requested, run_dir, ("trainer", "orchestrator"))
+    forget_after(run_dir, step or 0)
+    logger.info("rl: resuming after step %s", step if step is not None else "0 (fresh start)")
+    config = config.model_copy(deep=True)
+    config.orchestrator.ckpt.resume_step = step
+    config.trainer.resume_step = step
+    return config
+
+
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
     logs = output / "logs"
+    config = prepare_resume(config)
     paths = write_role_configs(config, output / "configs")
     command = [sys.executable, "-m", "asyncrl.cli"]
     threads = thread_budget()
