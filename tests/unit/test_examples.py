@@ -1,0 +1,25 @@
+"""Every example config loads under the command it is written for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from asyncrl.cli import COMMANDS
+from asyncrl.config.loading import load_config
+
+EXAMPLES = sorted(Path(__file__).resolve().parents[2].glob("examples/*/*.yaml"))
+COMMAND_OF = {"rl": "rl", "infer": "infer", "orch": "orch", "train": "train", "sft": "sft",
+              "eval": "eval"}  # fmt: skip
+
+
+def test_there_are_examples() -> None:
+    assert {p.parent.name for p in EXAMPLES} >= {"reverse_text", "countdown", "math"}
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_example_config_is_valid(path: Path) -> None:
+    command = COMMANDS[COMMAND_OF[path.stem]]
+    overrides = ["--model", "m"] if path.stem in ("eval", "sft") else []  # given at run time
+    load_config(command.config, [str(path)], overrides)
