@@ -89,8 +89,9 @@ def run_rl(config: RLConfig) -> None:
         processes["infer"] = start(
             [*command, "infer", str(paths["infer"])], logs / "infer.log", threads["infer"]
         )
-        url = f"http://{config.orchestrator.client.base_url[0].split('//')[1].split('/')[0]}"
-        wait_healthy(url, processes["infer"], timeout=600)  # type: ignore[arg-type]
+        host = config.inference.host
+        url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.inference.port}"
+        wait_healthy(url, processes["infer"], timeout=600)
         logger.info("rl: inference ready at %s; starting trainer and orchestrator", url)
         for role in ("train", "orch"):
             processes[role] = start(

@@ -42,6 +42,7 @@ from asyncrl.transport.batches import done_path
 from asyncrl.transport.broadcast import latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.types import TrainingBatch
+from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
@@ -201,8 +202,10 @@ class Orchestrator:
     async def sync_weights(self, need: int) -> None:
         """Load the newest complete broadcast; block until every server holds version ≥ need
         (at most `ckpt.wait_for_weights_timeout` seconds, when set)."""
-        waited_since = last_report = time.monotonic()
-        timeout = self.config.ckpt.wait_for_weights_timeout
+        wait = Wait(
+            f"weights version {need} from the trainer", logger,
+            self.config.ckpt.wait_for_weights_timeout,
+        )  # fmt: skip
         while True:
             broadcast = latest_broadcast(self.run_dir)
             if broadcast is not None and broadcast.step > self.clients.oldest_version():
@@ -211,12 +214,7 @@ class Orchestrator:
                     self.request_model = LORA_NAME
             if self.clients.oldest_version() >= need:
                 return
-            now = time.monotonic()
-            if timeout is not None and now - waited_since > timeout:
-                raise TimeoutError(f"no weights version {need} after {timeout:.0f} s")
-            if now - last_report > 30 or last_report == waited_since:
-                logger.info("orchestrator: waiting for weights version %d from the trainer", need)
-                last_report = now + 1e-9
+            wait.check()
             await asyncio.sleep(0.05)
 
 

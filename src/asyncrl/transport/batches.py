@@ -15,6 +15,7 @@ import msgspec
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.types import TrainingBatch
+from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
@@ -77,15 +78,11 @@ def wait_for_batch(
     """Block until batch `step` exists, then read it; says what it waits for every 30 s.
     Returns None if `stop_if()` becomes true first (the orchestrator finished)."""
     path = batch_path(run_dir, step)
-    started = last_report = time.monotonic()
+    # a batch is usually moments away: stay quiet unless the wait gets long
+    wait = Wait(f"{path} from the orchestrator", logger, timeout, report_every, report_every)
     while not path.exists():
         if stop_if is not None and stop_if():
             return None
-        now = time.monotonic()
-        if timeout is not None and now - started > timeout:
-            raise TimeoutError(f"no batch at {path} after {timeout:.0f} s")
-        if now - last_report >= report_every:
-            logger.info("waiting for %s from the orchestrator (%.0f s so far)", path, now - started)
-            last_report = now
+        wait.check()
         time.sleep(poll_interval)
     return read_batch(run_dir, step)
