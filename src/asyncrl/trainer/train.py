@@ -78,12 +78,7 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
         )
         publish(run_dir, step, model, sender, keep=config.max_async_level + 2)
         maybe_sync_reference(reference, model, step, config)
-        if config.save_steps and step % config.save_steps == 0:
-            root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-            save_trainer_checkpoint(
-                checkpoint_dir(run_dir, step, "trainer", root), step, model, optimizer, scheduler
-            )
-            prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
+        maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler)
         if step % config.logging_steps == 0 or step == config.max_steps:
             summary = {**stats.summary(), "wait_time": wait_time}
             metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
@@ -117,6 +112,23 @@ def resume(
         shutil.rmtree(run_dir / "broadcasts" / f"step_{later}", ignore_errors=True)
     logger.info("trainer: resumed from the checkpoint of step %d", step)
     return step
+
+
+def maybe_checkpoint(
+    config: TrainerConfig,
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> None:
+    """Every `save_steps`: weights, optimizer, scheduler and RNG under checkpoints/step_N."""
+    if not config.save_steps or step % config.save_steps:
+        return
+    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    directory = checkpoint_dir(run_dir, step, "trainer", root)
+    save_trainer_checkpoint(directory, step, model, optimizer, scheduler)
+    prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
 
 
 def open_sender(config: TrainerConfig) -> WeightSender | None:
