@@ -2,15 +2,24 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.asyncrl-installed
+VLLM_VENV ?= .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup demo test lint format
+.PHONY: setup vllm demo test lint format
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
+
+# vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
+vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): scripts/setup_vllm.sh
+	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
+	touch $(VLLM_STAMP)
 
 demo: setup
 	$(BIN)/asyncrl init-model --preset small --output_dir $(DEMO_DIR)/base
@@ -24,8 +33,9 @@ demo: setup
 		--model $$(ls -d $(DEMO_DIR)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
 	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
 
-test: setup lint
-	$(BIN)/python -m pytest
+# every test, the engine contract suite against real vLLM included (no skip allowed)
+test: setup vllm lint
+	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
 
 lint: setup
 	$(BIN)/ruff check .

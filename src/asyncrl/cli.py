@@ -38,6 +38,11 @@ def _sft(config: Any) -> None:
 
 
 def _infer(config: Any) -> None:
+    if config.backend != "embedded":
+        from asyncrl.inference.external_engine import serve_external
+
+        serve_external(config)
+        return
     from asyncrl.inference.server import serve
 
     serve(config)

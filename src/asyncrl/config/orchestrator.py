@@ -59,6 +59,13 @@ class ClientConfig(StrictModel):
     api_key_var: str = Field("VLLM_API_KEY", description="Environment variable with the API key.")
     skip_model_check: bool = Field(False, description="Skip checking the `/models` endpoint.")
     elastic: ElasticConfig | None = Field(None, description="DNS discovery of an elastic pool.")
+    pause_for_updates: Literal["none", "keep", "wait"] = Field(
+        "none",
+        description="How generation meets a weight update: `none` (requests in flight continue "
+        "on the new weights, as PipelineRL does; each token's version is recorded where the "
+        "engine reports it), `keep` (frozen during the load, then continued) or `wait` (the "
+        "update waits for requests in flight to finish).",
+    )
 
     def api_key(self) -> str | None:
         """The secret itself, read from the environment when needed, never stored in config."""

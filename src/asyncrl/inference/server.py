@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncrl import __version__
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference import protocol
 from asyncrl.inference.body_limit import BodySizeLimit
@@ -159,6 +160,11 @@ def build_app(
             message = f"weight receiver failed: {receiver.error}"
             return _error(503, message, "ServiceUnavailable")
         return JSONResponse({})
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """Tells clients which engine this is (vLLM answers the same route with its version)."""
+        return {"version": __version__, "engine": "asyncrl"}
 
     @app.get("/v1/models", dependencies=guarded)
     async def models() -> dict[str, Any]:

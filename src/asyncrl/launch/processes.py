@@ -23,19 +23,27 @@ def _die_with_parent() -> None:
 
 
 def start(
-    command: Sequence[str], log_path: Path, env: dict[str, str] | None = None
+    command: Sequence[str], log_path: Path | None, env: dict[str, str] | None = None
 ) -> subprocess.Popen[bytes]:
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as log:
+    """Start `command` in its own process group, dying with us; its output goes to `log_path`,
+    or to our own stdout and stderr when that is None."""
+    log = None
+    if log_path is not None:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(log_path, "ab")  # noqa: SIM115 - the child holds it, we close our copy
+    try:
         return subprocess.Popen(
             list(command),
             stdout=log,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if log else None,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
             preexec_fn=_die_with_parent,  # only sets a signal: safe before exec
         )
+    finally:
+        if log is not None:
+            log.close()
 
 
 def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:

@@ -51,7 +51,7 @@ PRESETS = {
 
 
 def model_config(
-    preset_name: str, arch: str, pad_token_id: int, eos_token_id: int
+    preset_name: str, arch: str, pad_token_id: int, eos_token_id: int, tied: bool = True
 ) -> PretrainedConfig:
     preset = PRESETS[preset_name]
     common = dict(
@@ -63,7 +63,7 @@ def model_config(
         intermediate_size=preset.intermediate_size,
         max_position_embeddings=MAX_POSITIONS,
         rope_theta=10000.0,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tied,
         pad_token_id=pad_token_id,
         eos_token_id=eos_token_id,
         bos_token_id=None,
@@ -78,7 +78,11 @@ def init_model(config: InitModelConfig) -> Path:
     output_dir = Path(config.output_dir)
     tokenizer = build_char_tokenizer(model_max_length=MAX_POSITIONS)
     hf_config = model_config(
-        config.preset, config.arch, tokenizer.pad_token_id, tokenizer.eos_token_id
+        config.preset,
+        config.arch,
+        tokenizer.pad_token_id,
+        tokenizer.eos_token_id,
+        config.tie_word_embeddings,
     )
     torch.manual_seed(config.seed)
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)

@@ -1,11 +1,9 @@
 """Talking to the inference servers: a pool with least-loaded routing, retries with backoff, the
 API key from the environment, and weight updates that work against every engine.
 
-Each server is reached at its OpenAI base URL (`http://host:port/v1`); admin routes
-(`/update_weights`, `/v1/load_lora_adapter`, `/weight_info`) live at the server root. How to
-update a server is decided once, from what it answers, not by `if backend ==` at call sites:
-a server with `/weight_info` (the embedded engine) reports its version; one without is
-assumed to be vLLM-like and is tracked by the versions this client has loaded into it.
+Each server is reached at its OpenAI base URL (`http://host:port/v1`); admin routes live at the
+server root. Which engine a server runs is learned once, when the pool first reaches it
+(`engine_api.identify`); from then on every call goes through that engine's `EngineAPI`.
 """
 
 from __future__ import annotations
@@ -19,12 +17,20 @@ import httpx
 
 from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.log import get_logger
+from asyncrl.orchestrator.engine_api import ENGINES, ChatTemplate, EngineAPI, identify
 from asyncrl.transport.broadcast import Broadcast
 
 logger = get_logger(__name__)
 
 RETRIES = 4
 BACKOFF_S = 0.5
+
+
+def _body(response: httpx.Response) -> Any:
+    """JSON, or for the admin routes that answer in plain text (or nothing), that text."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    return {"text": response.text}
 
 
 class InferenceUnavailable(RuntimeError):
@@ -36,7 +42,7 @@ class Server:
     base_url: str  # .../v1
     in_flight: int = 0
     version: int = 0
-    reports_version: bool = True
+    api: EngineAPI | None = None  # set when the pool first reaches the server
 
     @property
     def root(self) -> str:
@@ -44,8 +50,14 @@ class Server:
 
 
 class ClientPool:
-    def __init__(self, config: ClientConfig) -> None:
+    def __init__(
+        self,
+        config: ClientConfig,
+        chat_prompt_ids: ChatTemplate | None = None,
+    ) -> None:
+        """`chat_prompt_ids` renders a chat as prompt token ids, for engines that take only ids."""
         self.config = config
+        self.chat_prompt_ids = chat_prompt_ids
         headers = {"Authorization": f"Bearer {key}"} if (key := config.api_key()) else {}
         self.http = httpx.AsyncClient(
             headers=headers,
@@ -69,7 +81,7 @@ class ClientPool:
         await self.http.aclose()
 
     async def _probe(self, server: Server, model_name: str | None) -> None:
-        """Check the server is up and serves the model; learn whether it reports versions."""
+        """Check the server is up and serves the model; learn its engine and weights version."""
         await self.request(server, "GET", f"{server.root}/health")
         if not self.config.skip_model_check and model_name is not None:
             models = await self.request(server, "GET", f"{server.base_url}/models")
@@ -79,11 +91,21 @@ class ClientPool:
                     f"{server.base_url} serves {served}, not `{model_name}` "
                     "(set client.skip_model_check to skip this check)"
                 )
-        try:
-            info = await self.request(server, "GET", f"{server.root}/weight_info", retries=1)
-            server.version = int(info["version"])
-        except (InferenceUnavailable, KeyError):
-            server.reports_version = False
+        await self.api(server)
+
+    async def api(self, server: Server) -> EngineAPI:
+        """The server's engine API, identified on first use."""
+        if server.api is None:
+
+            async def call(method: str, url: str, json: Any = None, retries: int = RETRIES) -> Any:
+                return await self.request(server, method, url, json, retries)
+
+            engine = await identify(call, server.root)
+            api = ENGINES[engine](call, server.root, server.base_url, self.chat_prompt_ids)
+            server.api = api
+            server.version = await api.version() or 0
+            logger.info("%s runs %s, weights version %d", server.root, engine, server.version)
+        return server.api
 
     # requests ------------------------------------------------------------------------------------
     async def request(
@@ -100,7 +122,7 @@ class ClientPool:
                         raise InferenceUnavailable(
                             f"{url} answered {response.status_code}: {response.text[:500]}"
                         )
-                    return response.json()
+                    return _body(response)
                 last = RuntimeError(f"{response.status_code}: {response.text[:200]}")
             except httpx.TransportError as error:
                 last = error
@@ -116,39 +138,39 @@ class ClientPool:
     ) -> dict[str, Any]:
         """One request to `route` (chat/completions or completions) on `server`; a whole group
         (`n` completions) is one request, so it stays on one server."""
+        api = await self.api(server)
         server.in_flight += cost
         try:
-            return await self.request(server, "POST", f"{server.base_url}/{route}", body)
+            return await api.generate(route, body)
         finally:
             server.in_flight -= cost
 
+    def per_token_versions(self, server: Server) -> bool:
+        return server.api is not None and server.api.per_token_versions
+
     # weights -------------------------------------------------------------------------------------
     async def load(self, broadcast: Broadcast, lora_name: str) -> None:
-        """Every server to `broadcast`'s weights (full checkpoint or LoRA adapter, in place)."""
+        """Every server to `broadcast`'s weights (full checkpoint or LoRA adapter, in place),
+        pausing generation around the load when `pause_for_updates` asks for it."""
         await asyncio.gather(*(self._load_one(s, broadcast, lora_name) for s in self.servers))
 
     async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
+        api = await self.api(server)
         if broadcast.kind == "nccl":  # the server received it from the trainer itself
-            await self.refresh_version(server)
+            server.version = await api.version() or server.version
             return
-        if broadcast.kind == "lora":
-            body = {"lora_name": lora_name, "lora_path": str(broadcast.path), "load_inplace": True}
-            url = f"{server.base_url}/load_lora_adapter"
-            if server.reports_version:
-                url += f"?version={broadcast.step}"
-        elif server.reports_version:
-            body = {"weight_dir": str(broadcast.path), "version": broadcast.step}
-            url = f"{server.root}/update_weights"
-        else:  # vLLM: reload in place through its worker RPC
-            body = {"method": "reload_weights", "kwargs": {"weights_path": str(broadcast.path)}}
-            url = f"{server.root}/collective_rpc"
-        await self.request(server, "POST", url, body)
+        pause = self.config.pause_for_updates
+        if pause != "none":
+            await api.pause(pause)
+        try:
+            if broadcast.kind == "lora":
+                await api.load_lora(lora_name, str(broadcast.path), broadcast.step)
+            else:
+                await api.load_full(str(broadcast.path), broadcast.step)
+        finally:
+            if pause != "none":
+                await api.resume()
         server.version = broadcast.step
-
-    async def refresh_version(self, server: Server) -> None:
-        if server.reports_version:
-            info = await self.request(server, "GET", f"{server.root}/weight_info")
-            server.version = int(info["version"])
 
     def oldest_version(self) -> int:
         return min(server.version for server in self.servers)

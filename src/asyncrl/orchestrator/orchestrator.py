@@ -22,8 +22,9 @@ import shutil
 import time
 from collections import Counter, deque
 from pathlib import Path
+from typing import Any
 
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
 from asyncrl.config.base import ConfigError
@@ -35,6 +36,7 @@ from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.engine_api import ChatTemplate
 from asyncrl.orchestrator.rollout import Group, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
@@ -75,7 +77,7 @@ class Orchestrator:
             100_000, max(1024, steps * config.batch_size // config.rollouts_per_example)
         )
         self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
-        self.clients = ClientPool(config.client)
+        self.clients = ClientPool(config.client, chat_prompt_ids=chat_template(tokenizer))
         self.rewards = [
             RewardPool(env.id, env.args, loaded.rubric)
             for env, loaded in zip(config.env, self.envs, strict=True)
@@ -216,6 +218,16 @@ class Orchestrator:
                 return
             wait.check()
             await asyncio.sleep(0.05)
+
+
+def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:
+    """Messages -> prompt token ids with the generation header, as the servers render them."""
+
+    def render(messages: list[dict[str, Any]]) -> list[int]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    return render
 
 
 def check_supported(config: OrchestratorConfig) -> None:

@@ -64,9 +64,20 @@ def test_every_error_is_reported_not_only_the_first() -> None:
 
 
 def test_planned_key_set_away_from_default_is_refused_not_ignored() -> None:
+    message = error_of(TrainerConfig, ["--model", "m", "--gpus", "2"])
+    assert "`gpus` is not supported yet (multi-GPU training)" in message
+    load_config(TrainerConfig, [], ["--model", "m", "--gpus", "1"])  # the default is fine
+
+
+def test_parallelism_needs_an_engine_that_has_it() -> None:
     message = error_of(InferenceConfig, ["--model", "m", "--tp", "2"])
-    assert "`tp` is not supported yet (multi-GPU inference)" in message
-    load_config(InferenceConfig, [], ["--model", "m", "--tp", "1"])  # the default is fine
+    assert "`tp`/`dp` (2/1) need `backend: vllm` or `sglang`" in message
+    load_config(InferenceConfig, [], ["--model", "m", "--tp", "2", "--backend", "vllm"])
+
+
+def test_nccl_weight_broadcast_is_refused_for_vllm() -> None:
+    overrides = ["--model", "m", "--backend", "vllm", "--weight_broadcast_type", "nccl"]
+    assert "built for the embedded engine only" in error_of(InferenceConfig, overrides)
 
 
 def test_planned_key_inside_a_list_item_names_the_index() -> None:

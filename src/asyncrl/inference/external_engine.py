@@ -1,0 +1,168 @@
+"""`asyncrl infer` with `backend: vllm | sglang`: the engine's own OpenAI server, as a child.
+
+Every inference key is mapped to the engine's flag here, in one place, so a config written for
+the embedded engine starts vLLM or SGLang with the same meaning. The engine runs from
+`executable` (a venv of its own: vLLM pins its own torch and transformers), writes its log to
+ours, and dies with us: stopped on SIGTERM or Ctrl-C, and killed by the kernel if we are
+(PR_SET_PDEATHSIG).
+
+vLLM is started with `--logprobs-mode processed_logprobs`: by default it returns logprobs before
+temperature, and asyncrl's contract (and the trainer's importance ratios) is the logprob of the
+distribution actually sampled from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from types import FrameType
+
+from asyncrl.config.inference import InferenceConfig
+from asyncrl.launch.inference_process import wait_healthy
+from asyncrl.launch.processes import start, stop
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest rank vLLM accepts that holds `rank`."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ValueError(f"`max_lora_rank` {rank} is above vLLM's largest, {VLLM_LORA_RANKS[-1]}")
+
+
+def vllm_command(config: InferenceConfig) -> list[str]:
+    command = [
+        config.executable or sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", config.model,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--dtype", config.dtype,
+        "--tensor-parallel-size", str(config.tp),
+        "--data-parallel-size", str(config.dp),
+        "--max-num-seqs", str(config.max_num_seqs),
+        "--max-num-batched-tokens", str(config.max_num_batched_tokens),
+        "--gpu-memory-utilization", str(config.gpu_memory_utilization),
+        "--logprobs-mode", "processed_logprobs",
+    ]  # fmt: skip
+    if config.served_model_name:
+        command += ["--served-model-name", config.served_model_name]
+    if config.max_model_len:
+        command += ["--max-model-len", str(config.max_model_len)]
+    if config.enforce_eager:
+        command.append("--enforce-eager")
+    if config.trust_remote_code:
+        command.append("--trust-remote-code")
+    if config.enable_lora:
+        command += [
+            "--enable-lora",
+            "--max-lora-rank", str(vllm_lora_rank(config.max_lora_rank or 16)),
+            "--max-loras", str(config.max_loras),
+            "--max-cpu-loras", str(max(config.max_cpu_loras, config.max_loras)),
+        ]  # fmt: skip
+    if config.enable_prefix_caching is not None:
+        command.append(
+            "--enable-prefix-caching" if config.enable_prefix_caching
+            else "--no-enable-prefix-caching"
+        )  # fmt: skip
+    if config.reasoning_parser:
+        command += ["--reasoning-parser", config.reasoning_parser]
+    if config.enable_auto_tool_choice:
+        command.append("--enable-auto-tool-choice")
+    if config.tool_call_parser:
+        command += ["--tool-call-parser", config.tool_call_parser]
+    if config.rope_scaling:
+        command += ["--hf-overrides", json.dumps({"rope_scaling": config.rope_scaling})]
+    if config.kv_cache_memory_bytes:
+        command += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
+    return command + config.extra_args
+
+
+def vllm_environment(config: InferenceConfig) -> dict[str, str]:
+    """The RL routes (/pause, /collective_rpc, /reset_prefix_cache) exist only in dev mode;
+    runtime LoRA loading needs its own switch. The key travels in the environment, never on
+    the command line where `ps` shows it."""
+    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    if config.enable_lora:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if key := os.environ.get(config.api_key_var):
+        env["VLLM_API_KEY"] = key
+    return env
+
+
+def sglang_command(config: InferenceConfig) -> list[str]:
+    command = [
+        config.executable or sys.executable, "-m", "sglang.launch_server",
+        "--model-path", config.model,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--dtype", config.dtype,
+        "--tp-size", str(config.tp),
+        "--dp-size", str(config.dp),
+        "--max-running-requests", str(config.max_num_seqs),
+        "--mem-fraction-static", str(config.gpu_memory_utilization),
+    ]  # fmt: skip
+    if config.served_model_name:
+        command += ["--served-model-name", config.served_model_name]
+    if config.max_model_len:
+        command += ["--context-length", str(config.max_model_len)]
+    if config.enforce_eager:
+        command.append("--disable-cuda-graph")
+    if config.trust_remote_code:
+        command.append("--trust-remote-code")
+    if config.enable_lora:
+        command += ["--enable-lora", "--max-loras-per-batch", str(config.max_loras)]
+        if config.max_lora_rank:
+            command += ["--max-lora-rank", str(config.max_lora_rank)]
+    if config.enable_prefix_caching is False:
+        command.append("--disable-radix-cache")
+    if config.reasoning_parser:
+        command += ["--reasoning-parser", config.reasoning_parser]
+    if config.tool_call_parser:
+        command += ["--tool-call-parser", config.tool_call_parser]
+    if config.rope_scaling:
+        command += ["--json-model-override-args", json.dumps({"rope_scaling": config.rope_scaling})]
+    if key := os.environ.get(config.api_key_var):
+        command += ["--api-key", key]  # SGLang reads the key from its command line only
+    return command + config.extra_args
+
+
+def engine_command(config: InferenceConfig) -> tuple[list[str], dict[str, str]]:
+    if config.backend == "vllm":
+        return vllm_command(config), vllm_environment(config)
+    if config.backend == "sglang":
+        return sglang_command(config), {}
+    raise ValueError(f"backend `{config.backend}` is served in this process, not launched")
+
+
+def _shown(command: list[str]) -> str:
+    """The command for the log, with any API key hidden."""
+    return " ".join("***" if i and command[i - 1] == "--api-key" else part
+                    for i, part in enumerate(command))  # fmt: skip
+
+
+def serve_external(config: InferenceConfig) -> None:
+    """Start the engine, wait until it answers /health, and stay until it or we stop."""
+    command, env = engine_command(config)
+    logger.info("starting %s: %s", config.backend, _shown(command))
+    process = start(command, None, env)
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        url = f"http://{'127.0.0.1' if config.host in ('0.0.0.0', '::') else config.host}"
+        wait_healthy(f"{url}:{config.port}", process, config.startup_timeout)
+        logger.info("%s serving %s on %s:%d", config.backend, config.model, url, config.port)
+        code = process.wait()
+        if code != 0:
+            raise SystemExit(f"{config.backend} server exited with code {code}")
+    finally:
+        stop(process, grace=30.0)

@@ -1,0 +1,208 @@
+"""How the orchestrator drives each inference engine, chosen once per server from what the
+server answers (`identify`), never by `if backend ==` at call sites.
+
+- identified by: GET /version says `engine: asyncrl` (embedded), or gives only a version
+  (vLLM); SGLang answers GET /get_model_info instead.
+- generation: the OpenAI routes (embedded, vLLM); SGLang's /generate, translated both ways.
+- full weights: POST /update_weights (embedded); /collective_rpc `reload_weights` then
+  /reset_prefix_cache (vLLM); /update_weights_from_disk then /flush_cache (SGLang).
+- LoRA: /v1/load_lora_adapter in place (embedded, vLLM); unload then load (SGLang).
+- pause / resume: /pause?mode= and /resume (embedded, vLLM); /pause_generation and
+  /continue_generation (SGLang).
+- version: /weight_info, and per token (embedded); /weight_info as set by this file (vLLM);
+  tracked by the client (SGLang).
+
+vLLM's /weight_info reports a free-form `weight_version` that this client sets after every
+load, so a restarted orchestrator still learns what a running vLLM server holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+PauseMode = Literal["abort", "wait", "keep"]
+Request = Callable[..., Awaitable[Any]]  # (method, url, json=None, retries=...) -> JSON body
+ChatTemplate = Callable[[list[dict[str, Any]]], list[int]]  # messages -> prompt token ids
+
+
+class UnknownEngine(RuntimeError):
+    """The server answered none of the ways the engines identify themselves."""
+
+
+@dataclass
+class EngineAPI:
+    """The OpenAI generation routes and vLLM's admin routes; subclasses override what differs."""
+
+    request: Request
+    root: str  # http://host:port
+    base_url: str  # http://host:port/v1
+    chat_prompt_ids: ChatTemplate | None = None  # for engines that take token ids only
+
+    name: ClassVar[str] = "vllm"
+    per_token_versions: ClassVar[bool] = False  # does each token carry the weights' version
+
+    async def generate(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI chat or text completion response for `body` (`n` choices)."""
+        result: dict[str, Any] = await self.request("POST", f"{self.base_url}/{route}", body)
+        return result
+
+    async def version(self) -> int | None:
+        """The weights version the server holds, or None when it cannot tell."""
+        info = await self.request("GET", f"{self.root}/weight_info", retries=1)
+        value = str(info.get("weight_version", ""))
+        return int(value) if value.isdigit() else 0
+
+    async def load_full(self, weight_dir: str, step: int) -> None:
+        body = {"method": "reload_weights", "kwargs": {"weights_path": weight_dir}}
+        await self.request("POST", f"{self.root}/collective_rpc", body)
+        await self.request("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
+        await self._set_version(step)
+
+    async def load_lora(self, name: str, path: str, step: int) -> None:
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        await self.request("POST", f"{self.base_url}/load_lora_adapter", body)
+        await self.request("POST", f"{self.root}/reset_prefix_cache")
+        await self._set_version(step)
+
+    async def pause(self, mode: PauseMode) -> None:
+        await self.request("POST", f"{self.root}/pause?mode={mode}")
+
+    async def resume(self) -> None:
+        await self.request("POST", f"{self.root}/resume")
+
+    async def _set_version(self, step: int) -> None:
+        await self.request("POST", f"{self.root}/update_weight_version", {"new_version": str(step)})
+
+
+@dataclass
+class EmbeddedAPI(EngineAPI):
+    """asyncrl's own server: loads are versioned by the server, every token reports its version."""
+
+    name: ClassVar[str] = "embedded"
+    per_token_versions: ClassVar[bool] = True
+
+    async def version(self) -> int | None:
+        info = await self.request("GET", f"{self.root}/weight_info", retries=1)
+        return int(info["version"])
+
+    async def load_full(self, weight_dir: str, step: int) -> None:
+        body = {"weight_dir": weight_dir, "version": step}
+        await self.request("POST", f"{self.root}/update_weights", body)
+
+    async def load_lora(self, name: str, path: str, step: int) -> None:
+        body = {"lora_name": name, "lora_path": path, "load_inplace": True}
+        await self.request("POST", f"{self.base_url}/load_lora_adapter?version={step}", body)
+
+
+SGLANG_PAUSE_MODES = {"abort": "abort", "keep": "in_place"}
+
+
+@dataclass
+class SGLangAPI(EngineAPI):
+    """SGLang's native routes (as TRL's SGLang backend uses them). Untested against a real
+    SGLang server: there is no CPU build; the tests use a stand-in that speaks these routes."""
+
+    name: ClassVar[str] = "sglang"
+
+    async def generate(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        if "messages" in body:
+            if self.chat_prompt_ids is None:
+                raise ValueError("SGLang chat requests need the model's chat template")
+            prompt = self.chat_prompt_ids(body["messages"])
+        else:
+            prompt = list(body["prompt"])
+        n = int(body.get("n", 1))
+        sampling = {
+            "temperature": body.get("temperature", 1.0),
+            "top_p": body.get("top_p", 1.0),
+            "top_k": body.get("top_k", -1),
+            "min_new_tokens": body.get("min_tokens", 0),
+            "repetition_penalty": body.get("repetition_penalty", 1.0),
+            "max_new_tokens": body.get("max_tokens"),
+            "stop": body.get("stop"),
+        }
+        request = {
+            "input_ids": [prompt] * n,
+            "sampling_params": {k: v for k, v in sampling.items() if v is not None},
+            "return_logprob": True,
+        }
+        outputs = await self.request("POST", f"{self.root}/generate", request)
+        return openai_response(route, prompt, outputs if isinstance(outputs, list) else [outputs])
+
+    async def version(self) -> int | None:
+        return None
+
+    async def load_full(self, weight_dir: str, step: int) -> None:
+        result = await self.request(
+            "POST", f"{self.root}/update_weights_from_disk", {"model_path": weight_dir}
+        )
+        if not result.get("success", False):
+            raise RuntimeError(f"SGLang refused weights {weight_dir}: {result.get('message')}")
+        await self.request("POST", f"{self.root}/flush_cache")
+
+    async def load_lora(self, name: str, path: str, step: int) -> None:
+        # SGLang has no in-place reload: replace the adapter under the same name
+        with contextlib.suppress(RuntimeError):  # nothing loaded under that name yet
+            body = {"lora_name": name}
+            await self.request("POST", f"{self.root}/unload_lora_adapter", body, retries=1)
+        await self.request(
+            "POST", f"{self.root}/load_lora_adapter", {"lora_name": name, "lora_path": path}
+        )
+        await self.request("POST", f"{self.root}/flush_cache")
+
+    async def pause(self, mode: PauseMode) -> None:
+        if mode not in SGLANG_PAUSE_MODES:
+            raise ValueError(f"SGLang cannot pause with mode `{mode}`; use abort or keep")
+        body = {"mode": SGLANG_PAUSE_MODES[mode]}
+        await self.request("POST", f"{self.root}/pause_generation", body)
+
+    async def resume(self) -> None:
+        await self.request("POST", f"{self.root}/continue_generation")
+
+
+def openai_response(route: str, prompt: list[int], outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """SGLang /generate outputs (one per sample) in the OpenAI shape the orchestrator parses."""
+    choices = []
+    for index, output in enumerate(outputs):
+        meta = output["meta_info"]
+        token_ids = [int(entry[1]) for entry in meta["output_token_logprobs"]]
+        logprobs = [float(entry[0]) for entry in meta["output_token_logprobs"]]
+        finish = meta.get("finish_reason") or {}
+        reason = "length" if finish.get("type") == "length" else "stop"
+        choice: dict[str, Any] = {"index": index, "token_ids": token_ids, "finish_reason": reason}
+        if route == "chat/completions":
+            choice["message"] = {"role": "assistant", "content": output["text"]}
+            choice["logprobs"] = {"content": [{"logprob": value} for value in logprobs]}
+        else:
+            choice["text"] = output["text"]
+            choice["logprobs"] = {"token_logprobs": logprobs}
+            choice["prompt_token_ids"] = prompt
+        choices.append(choice)
+    return {"choices": choices, "prompt_token_ids": prompt}
+
+
+ENGINES: dict[str, type[EngineAPI]] = {
+    "embedded": EmbeddedAPI,
+    "vllm": EngineAPI,
+    "sglang": SGLangAPI,
+}
+
+
+async def identify(request: Request, root: str) -> str:
+    """Which engine serves at `root`, from the routes it answers."""
+    try:
+        info = await request("GET", f"{root}/version", retries=1)
+        return "embedded" if info.get("engine") == "asyncrl" else "vllm"
+    except RuntimeError:
+        pass
+    try:
+        await request("GET", f"{root}/get_model_info", retries=1)
+        return "sglang"
+    except RuntimeError as error:
+        raise UnknownEngine(
+            f"{root} answers neither /version (asyncrl, vLLM) nor /get_model_info (SGLang): "
+            "cannot tell how to update its weights"
+        ) from error

