@@ -87,6 +87,11 @@ class RewardPool:
                            f"{self.timeout} s; the rollout scores 0")  # fmt: skip
             zeros = {term.name: 0.0 for term in self.rubric}
             return RewardResult(0.0, zeros, timed_out=True)
+        except asyncio.CancelledError:
+            # its answer may still arrive and would be read as the next task's: never reuse it
+            worker.process.kill()
+            worker = await self._replace(worker)
+            raise
         finally:
             await self._idle.put(worker)
         answer = json.loads(line)

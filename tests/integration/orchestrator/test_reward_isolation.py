@@ -39,6 +39,8 @@ PACKAGE = textwrap.dedent(
         def hangs(self, completion, example):
             if completion == "hang":
                 time.sleep(1000)
+            if completion == "slow":
+                time.sleep(0.5)
             return 0.0
 
         def examples(self, split, count):
@@ -92,6 +94,31 @@ def test_raising_nan_and_hanging_rewards_each_cost_one_rollout(env_on_path: str)
             again = await pool.score("yes", example)  # the killed worker was replaced
             assert again.reward == pytest.approx(2.75)
             assert pool.failures == {"raises": 1, "nan": 1, "timeout": 1}
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_scoring_never_hands_its_answer_to_the_next_rollout(env_on_path: str) -> None:
+    """A rollout cancelled mid-scoring (the orchestrator shutting down a group) must not leave
+    its answer in the worker's pipe, where the next rollout would read it as its own."""
+
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {"bonus": 2.0})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_on_path, {"bonus": 2.0}, env.rubric, num_workers=1, timeout=5.0)
+        await pool.start()
+        try:
+            slow = asyncio.create_task(pool.score("slow", example))  # scores 0.75 in 0.5 s
+            await asyncio.sleep(0.2)
+            slow.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await slow
+            await asyncio.sleep(0.5)  # the cancelled answer would be in the pipe by now
+            for _ in range(2):
+                result = await pool.score("yes", example)
+                assert result.reward == pytest.approx(2.75) and not result.timed_out
         finally:
             await pool.close()
 
