@@ -6,7 +6,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup vllm demo test lint format
+.PHONY: setup vllm bench-setup demo test lint format
 
 setup: $(STAMP)
 
@@ -20,6 +20,11 @@ vllm: $(VLLM_STAMP)
 $(VLLM_STAMP): scripts/setup_vllm.sh
 	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	touch $(VLLM_STAMP)
+
+# .venv-bench: asyncrl plus TRL, for benchmarks/rl_vs_trl.py
+bench-setup:
+	VENV=.venv-bench bash scripts/setup.sh
+	.venv-bench/bin/python -m pip install --quiet -e ".[dev,bench]"
 
 demo: setup
 	$(BIN)/asyncrl init-model --preset small --output_dir $(DEMO_DIR)/base
