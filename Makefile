@@ -40,7 +40,7 @@ demo: setup
 
 # every test, the engine contract suite against real vLLM included (no skip allowed)
 test: setup vllm lint
-	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
+	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
 
 lint: setup
 	$(BIN)/ruff check .

@@ -41,6 +41,17 @@ def vllm_python() -> str | None:
     return str(default) if default.exists() else None
 
 
+def required_vllm_python() -> str:
+    """The vLLM interpreter; without one, skip, or fail when ASYNCRL_REQUIRE_VLLM=1."""
+    python = vllm_python()
+    if python is None:
+        message = "no vLLM venv (run `make vllm` or set ASYNCRL_VLLM_PYTHON)"
+        if os.environ.get("ASYNCRL_REQUIRE_VLLM") == "1":
+            pytest.fail(message)
+        pytest.skip(message)
+    return python
+
+
 @pytest.fixture(scope="session")
 def contract_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("contract")
@@ -67,14 +78,9 @@ def running(name: str, model_dir: Path, weight_root: Path, log: Path) -> Iterato
     args = ["--dtype", "float32", "--max_model_len", "256", "--max_lora_rank", "8"]
     args += ["--weight_roots", f"[{weight_root}]"]
     if name == "vllm":
-        python = vllm_python()
-        if python is None:
-            message = "no vLLM venv (run `make vllm` or set ASYNCRL_VLLM_PYTHON)"
-            if os.environ.get("ASYNCRL_REQUIRE_VLLM") == "1":
-                pytest.fail(message)
-            pytest.skip(message)
-        args += ["--backend", "vllm", "--executable", python, "--enforce_eager", "true",
-                 "--kv_cache_memory_bytes", str(128 << 20), "--max_num_seqs", "64"]  # fmt: skip
+        args += ["--backend", "vllm", "--executable", required_vllm_python(),
+                 "--enforce_eager", "true", "--kv_cache_memory_bytes", str(128 << 20),
+                 "--max_num_seqs", "64"]  # fmt: skip
     with inference_server(model_dir, *args, log_path=log, startup_timeout=600) as url:
         yield Engine(name, url, str(model_dir), model_dir, weight_root)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.contract.conftest import ENGINES, tiny_model, vllm_python
+from tests.contract.conftest import ENGINES, required_vllm_python, tiny_model
 
 from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
@@ -23,11 +23,9 @@ STEPS = 4
 def test_rl_steps_keep_trainer_and_server_logprobs_equal(name: str, tmp_path: Path) -> None:
     inference: dict[str, object] = {"port": free_port(), "max_num_seqs": 32, "dtype": "float32"}
     if name == "vllm":
-        python = vllm_python()
-        if python is None:
-            pytest.skip("no vLLM venv (run `make vllm` or set ASYNCRL_VLLM_PYTHON)")
-        inference |= {"backend": "vllm", "executable": python, "enforce_eager": True,
-                      "kv_cache_memory_bytes": 128 << 20, "startup_timeout": 600}  # fmt: skip
+        inference |= {"backend": "vllm", "executable": required_vllm_python(),
+                      "enforce_eager": True, "kv_cache_memory_bytes": 128 << 20,
+                      "startup_timeout": 600}  # fmt: skip
     output = tmp_path / "run"
     config = {
         "model": str(tiny_model(tmp_path / "model")), "output_dir": str(output),
