@@ -34,7 +34,8 @@ class UnknownEngine(RuntimeError):
 
 @dataclass
 class EngineAPI:
-    """The OpenAI generation routes and vLLM's admin routes; subclasses override what differs."""
+    """vLLM's routes, the reference: asyncrl's own server imitates them, so the embedded and
+    SGLang APIs below override only what differs."""
 
     request: Request
     root: str  # http://host:port

@@ -1,5 +1,7 @@
-"""The quick start's recipe learns: `asyncrl rl` on a tiny SFT'd model raises sampled reward by
-more than the step-to-step noise could, and every batch kept the staleness bounds."""
+"""The quick start learns: its SFT and RL examples, as written, on the `small` preset (9.5 M
+parameters), raise sampled reward by more than the step-to-step noise could, and every batch
+kept the staleness bounds. (On `tiny` the same recipe learns too slowly to tell from noise in a
+few minutes: one CI run gained 0.012 against a standard error of 0.005.)"""
 
 from __future__ import annotations
 
@@ -19,8 +21,8 @@ from asyncrl.transport.batches import read_batch
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
-STEPS = 250
-WINDOW = 60  # steps averaged at each end
+STEPS = 150
+WINDOW = 40  # steps averaged at each end (measured: z ≈ 9 at 150 steps, 3 runs)
 ASYNC, OFF_POLICY = 1, 2  # examples/reverse_text/rl.yaml
 
 
@@ -32,14 +34,14 @@ def asyncrl(*args: str) -> None:
 
 
 def test_reward_rises_beyond_the_per_step_spread(tmp_path: Path) -> None:
-    base = init_model(InitModelConfig(preset="tiny", output_dir=str(tmp_path / "base")))
+    base = init_model(InitModelConfig(preset="small", output_dir=str(tmp_path / "base")))
     sft = tmp_path / "sft"
     asyncrl("sft", str(REPO / "examples/reverse_text/sft.yaml"), "--model", str(base),
-            "--output_dir", str(sft), "--max_steps", "300")  # fmt: skip
-    run = tmp_path / "rl"  # the example's settings; tiny takes a larger step than small
+            "--output_dir", str(sft))  # fmt: skip
+    run = tmp_path / "rl"
     asyncrl("rl", str(REPO / "examples/reverse_text/rl.yaml"), "--model", str(sft / "final"),
             "--output_dir", str(run), "--max_steps", str(STEPS),
-            "--inference.port", str(free_port()), "--trainer.learning_rate", "3e-4")  # fmt: skip
+            "--inference.port", str(free_port()))  # fmt: skip
 
     records = read_metrics(run / "run_default" / "metrics.jsonl")
     rewards = [r["orchestrator/reward_mean"] for r in records if r["role"] == "orchestrator"]
