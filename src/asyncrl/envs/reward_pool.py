@@ -32,6 +32,7 @@ class RewardResult:
 class _Worker:
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
+        self.stale = False  # killed mid-task: replace before the next use
 
 
 class RewardPool:
@@ -70,6 +71,8 @@ class RewardPool:
 
     async def score(self, completion: str, example: Example, steps: bool = False) -> RewardResult:
         worker = await self._idle.get()
+        if worker.stale:
+            worker = await self._replace(worker)
         try:
             task = json.dumps(
                 {"completion": completion, "example": asdict(example), "steps": steps}
@@ -89,8 +92,9 @@ class RewardPool:
             return RewardResult(0.0, zeros, timed_out=True)
         except asyncio.CancelledError:
             # its answer may still arrive and would be read as the next task's: never reuse it
+            # (killed now, replaced by its next user: nothing is spawned while shutting down)
             worker.process.kill()
-            worker = await self._replace(worker)
+            worker.stale = True
             raise
         finally:
             await self._idle.put(worker)
