@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 from types import FrameType
 
 from asyncrl.config.inference import InferenceConfig
@@ -129,7 +130,8 @@ def sglang_command(config: InferenceConfig) -> list[str]:
     if config.rope_scaling:
         command += ["--json-model-override-args", json.dumps({"rope_scaling": config.rope_scaling})]
     if key := os.environ.get(config.api_key_var):
-        command += ["--api-key", key]  # SGLang reads the key from its command line only
+        # SGLang reads the key from its command line only (visible to `ps` on this machine)
+        command += ["--api-key", key]
     return command + config.extra_args
 
 
@@ -149,6 +151,11 @@ def _shown(command: list[str]) -> str:
 
 def serve_external(config: InferenceConfig) -> None:
     """Start the engine, wait until it answers /health, and stay until it or we stop."""
+    if config.executable and not Path(config.executable).is_file():
+        raise SystemExit(
+            f"`inference.executable` {config.executable} does not exist: it must be the Python "
+            f"of a venv with {config.backend} installed (`make vllm` makes .venv-vllm)"
+        )
     command, env = engine_command(config)
     logger.info("starting %s: %s", config.backend, _shown(command))
     process = start(command, None, env)

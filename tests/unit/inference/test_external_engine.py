@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.external_engine import (
     engine_command,
+    serve_external,
     sglang_command,
     vllm_command,
     vllm_lora_rank,
@@ -85,3 +88,10 @@ def test_sglang_flags() -> None:
 def test_the_embedded_backend_is_not_launched() -> None:
     with pytest.raises(ValueError, match="served in this process"):
         engine_command(InferenceConfig(model="m"))
+
+
+def test_a_missing_engine_interpreter_names_the_key(tmp_path: Path) -> None:
+    missing = tmp_path / "no-venv" / "bin" / "python"
+    config = InferenceConfig(model="m", backend="vllm", executable=str(missing))
+    with pytest.raises(SystemExit, match=r"`inference.executable` .*no-venv.* does not exist"):
+        serve_external(config)
