@@ -1,8 +1,9 @@
 """asyncrl against TRL's GRPOTrainer on reverse-text, on this machine, side by side in one run.
 
 Both start from the same SFT checkpoint with the same task, reward (LCS ratio), group size,
-completions per step, learning rate, optimizer (AdamW, constant schedule), precision (fp32
-master weights, bf16 autocast), loss (clipped GRPO, ε = 0.2, each sequence's tokens averaged,
+completions per step, learning rate, optimizer (AdamW, constant schedule), precision (what
+`recipe: auto` picks on this machine, for both: bf16 autocast over fp32 master weights where
+bfloat16 is native, fp32 elsewhere), loss (clipped GRPO, ε = 0.2, each sequence's tokens averaged,
 then the sequences: TRL's `loss_type="grpo"`), advantages r − mean(r) (TRL:
 `scale_rewards="none"`), temperature 1.0 and max tokens: the settings of
 `examples/reverse_text/rl.yaml`, which asyncrl runs as written. TRL gets its best CPU setting
@@ -35,6 +36,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
 from asyncrl.envs.reverse_text import ReverseTextEnv, lcs_ratio
 from asyncrl.evaluate import evaluate
+from asyncrl.precision import resolve_recipe
 from asyncrl.transport.broadcast import latest_broadcast
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +62,7 @@ def run_asyncrl(args: argparse.Namespace, work: Path) -> dict[float, Path]:
     command = [
         sys.executable, "-m", "asyncrl.cli", "rl", str(REPO / "examples/reverse_text/rl.yaml"),
         "--model", args.sft, "--output_dir", str(output), "--max_steps", "100000",
-        "--trainer.learning_rate", str(args.lr),
+        "--trainer.learning_rate", str(args.lr), "--trainer.recipe", args.recipe,
         "--orchestrator.batch_size", str(args.batch),
         "--orchestrator.rollouts_per_example", str(args.group),
         "--orchestrator.sampling.max_tokens", str(args.max_tokens),
@@ -120,7 +122,8 @@ def run_trl(args: argparse.Namespace, work: Path) -> dict[float, Path]:
         return [lcs_ratio(c[0]["content"], a) for c, a in zip(completions, answer, strict=True)]
 
     config = GRPOConfig(
-        output_dir=str(work / "trl"), use_cpu=True, bf16=True, gradient_checkpointing=False,
+        output_dir=str(work / "trl"), use_cpu=True, bf16=args.recipe == "bf16",
+        gradient_checkpointing=False,
         learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
         max_grad_norm=1.0, per_device_train_batch_size=args.batch,
         num_generations=args.group, max_completion_length=args.max_tokens,
@@ -154,6 +157,7 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=256, help="held-out prompts")
     parser.add_argument("--systems", nargs="+", default=["asyncrl", "trl"])
     args = parser.parse_args()
+    args.recipe = resolve_recipe("auto").recipe  # both systems run what this device runs fast
     sft = Path(args.sft)
     start = held_out(sft, sft, args.prompts)
     target = start + args.target_gain

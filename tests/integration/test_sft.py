@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from asyncrl.monitor.metrics import read_metrics
+from asyncrl.monitor.metrics import read_headers, read_metrics
+from asyncrl.precision import default_device, describe_device
 
 pytestmark = pytest.mark.integration
 
@@ -58,6 +59,10 @@ def test_short_sft_run_lowers_loss_and_saves_a_loadable_checkpoint(
     # a random model starts near ln(128) = 4.85 nats; within 60 steps a working loop reaches at
     # least the character-frequency plateau near ln(26) = 3.26, a fall of well over one nat
     assert statistics.fmean(losses[:3]) - statistics.fmean(losses[-5:]) > 1.0
+    (header,) = read_headers(output_dir / "metrics.jsonl", role="sft")
+    native = describe_device(default_device()).native_bf16
+    assert header["precision/requested"] == "auto"  # the default, resolved on this machine
+    assert header["precision/recipe"] == ("bf16" if native else "fp32")
     eval_rewards = [r["sft/eval_greedy_reward"] for r in records if "sft/eval_greedy_reward" in r]
     assert len(eval_rewards) == 1 and 0.0 <= eval_rewards[0] <= 1.0
 

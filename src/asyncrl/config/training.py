@@ -40,9 +40,12 @@ class TrainingConfig(StrictModel):
     optimizer: Literal["adamw", "adamw_8bit"] = Field(
         "adamw_8bit", description="Optimizer (`adamw_8bit` needs bitsandbytes and a GPU)."
     )
-    recipe: Literal["fp32", "bf16", "fp8_hybrid", "nvfp4"] = Field(
-        "bf16",
-        description="Precision: `fp32`, or `bf16` (float32 master weights, bfloat16 autocast).",
+    recipe: Literal["auto", "fp32", "bf16", "fp8_hybrid", "nvfp4"] = Field(
+        "auto",
+        description=(
+            "Precision: `bf16` (float32 master weights, bfloat16 autocast), `fp32`, or `auto`: "
+            "bf16 where the device multiplies bfloat16 natively (probed at start-up), else fp32."
+        ),
     )
     gradient_checkpointing: bool = Field(
         False, description="Recompute activations in backward to save memory."

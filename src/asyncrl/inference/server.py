@@ -17,7 +17,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl import __version__
 from asyncrl.config.inference import InferenceConfig
@@ -29,10 +29,9 @@ from asyncrl.inference.served_model import ServedModel, WeightInfo
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
+from asyncrl.precision import choose_inference_dtype, default_device, describe_device
 
 logger = get_logger(__name__)
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 class APIError(Exception):
@@ -52,9 +51,10 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         config.model, trust_remote_code=config.trust_remote_code
     )
     overrides: dict[str, Any] = {"rope_scaling": config.rope_scaling} if config.rope_scaling else {}
+    dtype = serving_dtype(config)
     model = AutoModelForCausalLM.from_pretrained(
         config.model,
-        dtype=DTYPES.get(config.dtype, "auto"),
+        dtype=dtype,
         trust_remote_code=config.trust_remote_code,
         attn_implementation="sdpa",
         **overrides,
@@ -74,6 +74,20 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
     )
+
+
+def serving_dtype(config: InferenceConfig) -> torch.dtype:
+    """`dtype: auto` keeps the checkpoint's dtype unless this device runs it slowly."""
+    stored = AutoConfig.from_pretrained(
+        config.model, trust_remote_code=config.trust_remote_code
+    ).dtype
+    checkpoint_dtype = getattr(torch, stored) if isinstance(stored, str) else stored
+    device = describe_device(default_device()) if config.dtype != "float32" else None
+    if device is None:  # nothing to decide: skip the probe
+        return torch.float32
+    dtype, reason = choose_inference_dtype(config.dtype, checkpoint_dtype, device)
+    logger.info("inference: weights in %s (%s)", dtype, reason)
+    return dtype
 
 
 def build_app(

@@ -1,4 +1,9 @@
-"""`metrics.jsonl`: one JSON object per step and role, appended and flushed line by line."""
+"""`metrics.jsonl`: one JSON object per step and role, appended and flushed line by line.
+
+Besides step records, a role may write run-header records (`"kind": "header"`, no step): facts
+fixed for the run, such as the precision a role chose and why. `read_metrics` returns the step
+records and `read_headers` the headers, so readers of curves never meet a header.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,8 @@ import math
 import time
 from pathlib import Path
 from typing import Any
+
+HEADER = "header"
 
 
 class MetricsWriter:
@@ -19,8 +26,14 @@ class MetricsWriter:
         self.role = role
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        record = {"role": self.role, "step": step, "time": time.time()}
-        record.update({key: _plain(value) for key, value in metrics.items()})
+        self._append({"role": self.role, "step": step, "time": time.time()}, metrics)
+
+    def header(self, facts: dict[str, Any]) -> None:
+        """A run-header record: written once per process start, read by `read_headers`."""
+        self._append({"role": self.role, "kind": HEADER, "time": time.time()}, facts)
+
+    def _append(self, record: dict[str, Any], values: dict[str, Any]) -> None:
+        record.update({key: _plain(value) for key, value in values.items()})
         with self.path.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
 
@@ -35,8 +48,17 @@ def _plain(value: Any) -> Any:
 
 
 def read_metrics(path: str | Path, role: str | None = None) -> list[dict[str, Any]]:
-    """All complete records (optionally of one role); raises naming the file and line if a
-    line other than the last is not valid JSON."""
+    """All complete step records (optionally of one role); raises naming the file and line if
+    a line other than the last is not valid JSON."""
+    return [r for r in _read_records(path, role) if r.get("kind") != HEADER]
+
+
+def read_headers(path: str | Path, role: str | None = None) -> list[dict[str, Any]]:
+    """The run-header records (optionally of one role), oldest first: one per process start."""
+    return [r for r in _read_records(path, role) if r.get("kind") == HEADER]
+
+
+def _read_records(path: str | Path, role: str | None) -> list[dict[str, Any]]:
     path = Path(path)
     lines = path.read_text().splitlines()
     records = []

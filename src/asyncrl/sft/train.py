@@ -27,7 +27,7 @@ from asyncrl.log import console, get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.sft.data import sft_sample
 from asyncrl.trainer.logprobs import completion_logprobs
-from asyncrl.trainer.model import load_model, precision_context
+from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.packing import Sample, collate_rows, first_fit_decreasing
 
@@ -57,11 +57,12 @@ def run_sft(config: SFTConfig) -> Path:
         total_steps,
     )
 
+    metrics = MetricsWriter(output_dir / "metrics.jsonl", role="sft")
+    config, _ = resolve_training_precision(config, metrics)
     model = load_model(config)
     model.train()
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, total_steps)
-    metrics = MetricsWriter(output_dir / "metrics.jsonl", role="sft")
     row_order = _row_stream(len(rows), config.seed)
 
     with _progress() as progress:

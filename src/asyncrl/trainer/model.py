@@ -2,18 +2,22 @@
 
 Recipes: `fp32` computes in float32; `bf16` keeps float32 master weights (and optimizer state)
 and runs forward/backward under bfloat16 autocast. With LoRA the frozen base is stored in
-bfloat16 under `bf16`, and the adapters stay float32.
+bfloat16 under `bf16`, and the adapters stay float32. `auto` is resolved before a model is
+loaded (`resolve_training_precision`), so these functions only ever see `fp32` or `bf16`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.util
+from typing import TypeVar
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from asyncrl.config.training import TrainingConfig
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.precision import PrecisionChoice, default_device, resolve_recipe
 
 
 def attention_implementation() -> str:
@@ -25,7 +29,22 @@ def attention_implementation() -> str:
     return "sdpa"
 
 
+ConfigT = TypeVar("ConfigT", bound=TrainingConfig)
+
+
+def resolve_training_precision(
+    config: ConfigT, metrics: MetricsWriter | None
+) -> tuple[ConfigT, PrecisionChoice]:
+    """The config with `recipe: auto` replaced by what this device runs fast; the choice and
+    its reason go to the log and to the run header of `metrics.jsonl` (when given one)."""
+    choice = resolve_recipe(config.recipe, default_device())
+    if metrics is not None:
+        metrics.header(choice.header())
+    return config.model_copy(update={"recipe": choice.recipe}), choice
+
+
 def load_model(config: TrainingConfig) -> torch.nn.Module:
+    _check_resolved(config.recipe)
     base_dtype = torch.bfloat16 if config.lora and config.recipe == "bf16" else torch.float32
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         config.model,
@@ -56,6 +75,12 @@ def precision_context(
     recipe: str, device: torch.device | str = "cpu"
 ) -> contextlib.AbstractContextManager:
     """Wrap forward (and so backward) passes: bfloat16 autocast for `bf16`, nothing for `fp32`."""
+    _check_resolved(recipe)
     if recipe == "bf16":
         return torch.autocast(torch.device(device).type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def _check_resolved(recipe: str) -> None:
+    if recipe not in ("fp32", "bf16"):
+        raise ValueError(f"recipe {recipe!r} must be resolved to fp32 or bf16 first")

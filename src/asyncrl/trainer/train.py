@@ -28,7 +28,7 @@ from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_che
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, LossOutput, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
-from asyncrl.trainer.model import load_model, precision_context
+from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.transport.broadcast import publish_marker, publish_weights, stable_steps
@@ -43,6 +43,8 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     check_supported(config)
     torch.manual_seed(config.seed)
     run_dir = find_run_dir(config.output_dir)
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer")
+    config, _ = resolve_training_precision(config, metrics)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
     )
@@ -52,9 +54,11 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     optimizer = build_optimizer(model, config)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer")
     sender = open_sender(config)
-    logger.info("trainer: run %s, model %s, loss %s", run_dir, config.model, config.loss.type)
+    logger.info(
+        "trainer: run %s, model %s, loss %s, recipe %s",
+        run_dir, config.model, config.loss.type, config.recipe,
+    )  # fmt: skip
 
     receiver = batch_receiver(config.rollout_transport, run_dir)
     step = resume(config, run_dir, model, optimizer, scheduler) + 1

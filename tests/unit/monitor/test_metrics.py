@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.monitor.metrics import MetricsWriter, read_metrics
+from asyncrl.monitor.metrics import MetricsWriter, read_headers, read_metrics
 
 
 def test_one_line_per_step_and_role_read_back(tmp_path: Path) -> None:
@@ -32,3 +32,16 @@ def test_torn_last_line_is_skipped_but_a_corrupt_middle_line_names_the_file(
         handle.write("\n" + '{"role": "sft", "step": 3}\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl:2: not a JSON object"):
         read_metrics(path)
+
+
+def test_run_headers_are_kept_apart_from_step_records(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path, "trainer")
+    writer.header({"precision/recipe": "fp32", "precision/bf16_slowdown": math.inf})
+    writer.log(1, {"trainer/loss": 0.5})
+    assert [r["step"] for r in read_metrics(path)] == [1]
+    (header,) = read_headers(path, role="trainer")
+    assert header["precision/recipe"] == "fp32"
+    assert header["precision/bf16_slowdown"] is None  # inf written as null
+    assert "step" not in header
+    assert read_headers(path, role="sft") == []
