@@ -55,8 +55,11 @@ def _orch(config: Any) -> None:
 
 
 def _train(config: Any) -> None:
+    from asyncrl.trainer.launch_ranks import exec_ranks, started_by_a_launcher
     from asyncrl.trainer.train import run_trainer
 
+    if config.world_size > 1 and not started_by_a_launcher():
+        exec_ranks(config)  # does not return: torchrun runs the ranks
     run_trainer(config)
 
 

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StrictModel
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
 
@@ -55,12 +55,40 @@ class LossConfig(StrictModel):
 class TrainerConfig(TrainingConfig):
     """Receives batches, computes the GRPO loss, steps the optimizer, broadcasts weights."""
 
-    gradient_accumulation_steps: int = planned(
+    gpus: int = Field(
+        1, ge=1, description="Trainer ranks, the seeds' name for `world_size` (they must agree)."
+    )
+    world_size: int = Field(
         1,
-        "Optimizer steps are per batch: every micro-batch of a step's batch accumulates into one "
-        "update. Splitting a batch into several updates (mini-batches) is not built yet.",
-        feature="several optimizer steps per batch",
+        ge=1,
+        description=(
+            "Trainer ranks: processes started by `asyncrl train` itself (one per GPU; on a "
+            "machine without GPUs, CPU processes over gloo). Defaults to `gpus`."
+        ),
+    )
+    zero_level: int = Field(
+        1,
+        ge=1,
+        le=3,
+        description=(
+            "Sharding with several ranks (FSDP2): 3 = parameters, gradients and optimizer state "
+            "sharded, parameters freed after forward; 2 = the same, parameters kept gathered "
+            "from forward to backward; 1 runs as 2 (never more memory than ZeRO-1)."
+        ),
+    )
+    distributed_timeout: float = Field(
+        600.0, gt=0, description="Seconds any collective between trainer ranks may take."
+    )
+
+    gradient_accumulation_steps: int = Field(
+        1,
         gt=0,
+        description=(
+            "Micro-batch passes per optimizer step on each rank, at least: each rank's share of "
+            "the batch is spread over this many forward/backward passes (fewer packed rows per "
+            "pass), all accumulated into the step's one update, normalised over the whole "
+            "step. Several updates per batch: `num_iterations`."
+        ),
     )
     datasets: list[Any] = Field(
         default_factory=list, description="Unused by GRPO: data comes from the orchestrator."
@@ -95,6 +123,19 @@ class TrainerConfig(TrainingConfig):
         default_factory=WeightBroadcastConfig, description="How new weights reach inference."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _world_size_alias(cls, data: Any) -> Any:
+        """`gpus` and `world_size` are one setting under two names: always equal."""
+        if not isinstance(data, dict) or ("gpus" not in data and "world_size" not in data):
+            return data
+        ranks = data.get("world_size", data.get("gpus"))
+        if data.get("gpus", ranks) != ranks:
+            raise ValueError(
+                f"`gpus` ({data['gpus']}) and `world_size` ({ranks}) disagree; set one of them"
+            )
+        return {**data, "gpus": ranks, "world_size": ranks}
+
     @model_validator(mode="after")
     def _transport_alias(self) -> TrainerConfig:
         if self.transport_type is None:
@@ -106,6 +147,15 @@ class TrainerConfig(TrainingConfig):
                 f"`rollout_transport.type` ({self.rollout_transport.type})"
             )
         self.rollout_transport.type = self.transport_type
+        return self
+
+    @model_validator(mode="after")
+    def _ranks_and_broadcast(self) -> TrainerConfig:
+        if self.world_size > 1 and self.weight_broadcast.type == "nccl":
+            raise ValueError(
+                "`weight_broadcast.type: nccl` with `world_size` > 1 is not built yet (the "
+                "trainer's ranks already use the default process group); use `filesystem`"
+            )
         return self
 
     @field_validator("datasets")

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.dtype import external_engine_dtype
 from asyncrl.launch.inference_process import wait_healthy
 from asyncrl.launch.processes import start, stop
 from asyncrl.log import get_logger
@@ -156,6 +157,7 @@ def serve_external(config: InferenceConfig) -> None:
             f"`inference.executable` {config.executable} does not exist: it must be the Python "
             f"of a venv with {config.backend} installed (`make vllm` makes .venv-vllm)"
         )
+    config = config.model_copy(update={"dtype": external_engine_dtype(config)})
     command, env = engine_command(config)
     logger.info("starting %s: %s", config.backend, _shown(command))
     process = start(command, None, env)

@@ -12,24 +12,23 @@ import hmac
 import os
 from typing import Any
 
-import torch
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl import __version__
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference import protocol
 from asyncrl.inference.body_limit import BodySizeLimit
+from asyncrl.inference.dtype import serving_dtype
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.metrics import render_metrics
 from asyncrl.inference.served_model import ServedModel, WeightInfo
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
-from asyncrl.precision import choose_inference_dtype, default_device, describe_device
 
 logger = get_logger(__name__)
 
@@ -74,20 +73,6 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
     )
-
-
-def serving_dtype(config: InferenceConfig) -> torch.dtype:
-    """`dtype: auto` keeps the checkpoint's dtype unless this device runs it slowly."""
-    stored = AutoConfig.from_pretrained(
-        config.model, trust_remote_code=config.trust_remote_code
-    ).dtype
-    checkpoint_dtype = getattr(torch, stored) if isinstance(stored, str) else stored
-    device = describe_device(default_device()) if config.dtype != "float32" else None
-    if device is None:  # nothing to decide: skip the probe
-        return torch.float32
-    dtype, reason = choose_inference_dtype(config.dtype, checkpoint_dtype, device)
-    logger.info("inference: weights in %s (%s)", dtype, reason)
-    return dtype
 
 
 def build_app(

@@ -6,20 +6,13 @@ asks the kernel to send it SIGTERM if the launcher dies, even by SIGKILL (PR_SET
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+from asyncrl.lifetime import die_with_parent
 
 
 def start(
@@ -39,7 +32,7 @@ def start(
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # only sets a signal: safe before exec
+            preexec_fn=die_with_parent,  # only sets a signal: safe before exec
         )
     finally:
         if log is not None:

@@ -9,6 +9,11 @@ softmax, as the inference engine did when it sampled.
 
 Assumes logits = lm_head(final hidden state), true of Llama- and Qwen-family models; a model
 that post-processes logits (soft-capping, scaling) needs that step added here.
+
+Under FSDP2 the decoder and head are called without the root's `forward`, so the computation is
+registered as an FSDP forward method of the root (`register_fsdp_logprobs`): FSDP then gathers
+the root's own parameters (embeddings, final norm, head) around it and hooks its outputs for
+the backward pass, as it would for `forward`.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.distributed.fsdp import register_fsdp_forward_method
 from torch.utils.checkpoint import checkpoint
 
 from asyncrl.trainer.packing import PackedBatch
@@ -25,6 +31,25 @@ from asyncrl.trainer.packing import PackedBatch
 class TokenLogprobs:
     logprobs: torch.Tensor  # [T] float32, with grad: log p(token | its prefix) at temperature
     entropy: torch.Tensor  # [T] float32, detached: entropy of the same distribution
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The method's one argument. A dataclass on purpose: FSDP casts the floating tensors it
+    finds in a forward's arguments to the compute dtype, and the temperatures must stay exact."""
+
+    batch: PackedBatch
+    temperature: torch.Tensor | float
+    chunk_size: int | None
+
+
+FSDP_METHOD = "asyncrl_token_logprobs"
+
+
+def register_fsdp_logprobs(model: torch.nn.Module) -> None:
+    """Make `completion_logprobs(model, …)` an FSDP forward method of `model`, a sharded root."""
+    setattr(model, FSDP_METHOD, lambda request: _token_logprobs(model, request))
+    register_fsdp_forward_method(model, FSDP_METHOD)
 
 
 def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -55,6 +80,15 @@ def completion_logprobs(
     `temperature` is a scalar or a [rows, seq_len] tensor (each token's sampling temperature).
     `chunk_size=None` computes all logits at once (the reference path for tests).
     """
+    request = _Request(batch, temperature, chunk_size)
+    method = getattr(model, FSDP_METHOD, None)
+    logprobs, entropy = method(request) if method is not None else _token_logprobs(model, request)
+    return TokenLogprobs(logprobs, entropy)
+
+
+def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs, entropy), each [T]: a tuple, so FSDP can hook the outputs for backward."""
+    batch, temperature, chunk_size = request.batch, request.temperature, request.chunk_size
     if batch.loss_mask[:, 0].any():
         raise ValueError("a row starts with a loss token, which nothing predicts")
     decoder, head = _decoder_and_head(model)
@@ -67,10 +101,9 @@ def completion_logprobs(
     if isinstance(temperature, torch.Tensor):
         temperatures = temperature[:, 1:][targets_mask].float()
     else:
-        temperatures = torch.full(targets.shape, float(temperature))
+        temperatures = torch.full(targets.shape, float(temperature), device=targets.device)
     if chunk_size is None:
-        logprobs, entropy = _chunk(head, hidden, targets, temperatures)
-        return TokenLogprobs(logprobs, entropy)
+        return _chunk(head, hidden, targets, temperatures)
     pieces = [
         checkpoint(
             _chunk,
@@ -84,5 +117,5 @@ def completion_logprobs(
     ]
     if not pieces:
         empty = hidden.new_zeros(0)
-        return TokenLogprobs(empty, empty)
-    return TokenLogprobs(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]))
+        return empty, empty
+    return torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces])

@@ -7,6 +7,7 @@ come from totals over the whole batch, so micro-batches add up to the step's los
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -55,7 +56,13 @@ def build_micro_batches(
     pad_token_id: int,
     normalisation: str,
     packing: bool = True,
+    only: list[int] | None = None,
+    min_micro_batches: int = 1,
 ) -> list[MicroBatch]:
+    """Micro-batches of the samples `only` names (this rank's share; all when None), each
+    token weighted by totals over the *whole* batch, so that the ranks' losses add up to the
+    loss one process would compute on the whole batch. The rows are spread over at least
+    `min_micro_batches` passes (gradient accumulation), fewer rows per pass if need be."""
     samples = [_as_sample(s) for s in batch.samples]
     lengths = [len(s.input_ids) for s in samples]
     too_long = [i for i, n in enumerate(lengths) if n > sequence_len]
@@ -67,13 +74,16 @@ def build_micro_batches(
     loss_counts = [sum(s.completion_mask) for s in batch.samples]
     trained = [n for n in loss_counts if n > 0]
     totals = (sum(trained), len(trained), max(trained, default=1))
+    chosen = list(range(len(samples))) if only is None else list(only)
     if packing:
-        rows = first_fit_decreasing(lengths, sequence_len)
+        packed = first_fit_decreasing([lengths[i] for i in chosen], sequence_len)
+        rows = [[chosen[position] for position in row] for row in packed]
     else:  # one sample per row, padded to sequence_len
-        rows = [[index] for index in range(len(samples))]
+        rows = [[index] for index in chosen]
+    size = min(rows_per_micro_batch, max(1, math.ceil(len(rows) / min_micro_batches)))
     micro_batches = []
-    for start in range(0, len(rows), rows_per_micro_batch):
-        group = rows[start : start + rows_per_micro_batch]
+    for start in range(0, len(rows), size):
+        group = rows[start : start + size]
         micro_batches.append(
             _micro_batch(
                 group,

@@ -4,6 +4,9 @@ For each step s = 1, 2, …: wait for batch s from the orchestrator, pack it int
 recompute logprobs under the current policy, apply the configured loss (normalised over the
 whole step), take `num_iterations` optimizer steps, and publish weights version s. A step whose
 loss or gradient norm is not finite is skipped (no update) and counted, and training goes on.
+
+The same loop runs on every rank of a multi-process trainer (`parallel.py`): rank 0 receives
+the batch and shares it, each rank trains on its share, and rank 0 publishes and logs.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import copy
 import math
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,24 +28,49 @@ from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from asyncrl.trainer.logprobs import completion_logprobs
-from asyncrl.trainer.loss import NORMALISATION, LossInputs, LossOutput, compute_loss
+from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
+from asyncrl.trainer.packing import PackedBatch
+from asyncrl.trainer.parallel import (
+    SINGLE_PROCESS,
+    Ranks,
+    close_ranks,
+    full_state_dict,
+    init_ranks,
+    plain_float,
+    receive_everywhere,
+    reduce_max,
+    reduce_sums,
+    shard_model,
+    split_by_tokens,
+)
 from asyncrl.trainer.run_dir import find_run_dir
+from asyncrl.trainer.step_stats import StepStats, record_first_pass
 from asyncrl.transport.broadcast import publish_marker, publish_weights, stable_steps
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
+from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
 
 
 def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> None:
     check_supported(config)
+    ranks = init_ranks(config.world_size, config.distributed_timeout)
+    try:
+        train_loop(config, ranks, batch_timeout)
+    finally:
+        close_ranks(ranks)
+
+
+def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None) -> None:
+    """The loop every rank runs; rank 0 alone receives batches, writes metrics and publishes."""
     torch.manual_seed(config.seed)
     run_dir = find_run_dir(config.output_dir)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer")
+    metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer") if ranks.is_main else None
     config, _ = resolve_training_precision(config, metrics)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
@@ -51,49 +78,73 @@ def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> No
     model = load_model(config)
     model.train()
     reference = build_reference(model, config)
+    model = shard_model(model, ranks, config.zero_level, config.recipe)
+    if reference is not None:
+        reference = shard_model(reference, ranks, config.zero_level, config.recipe)
     optimizer = build_optimizer(model, config)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
-    sender = open_sender(config)
+    sender = open_sender(config) if ranks.is_main else None
     logger.info(
-        "trainer: run %s, model %s, loss %s, recipe %s",
-        run_dir, config.model, config.loss.type, config.recipe,
+        "trainer: run %s, model %s, loss %s, recipe %s, %d rank(s)",
+        run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
     )  # fmt: skip
 
-    receiver = batch_receiver(config.rollout_transport, run_dir)
-    step = resume(config, run_dir, model, optimizer, scheduler) + 1
+    receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
+    step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     while config.max_steps < 0 or step <= config.max_steps:
         waited = time.perf_counter()
-        batch = receiver.receive(step, timeout=batch_timeout)
+        batch = receive_everywhere(
+            lambda timeout, step=step: receiver.receive(step, timeout=timeout),  # on rank 0
+            batch_timeout,
+            ranks,
+        )
         wait_time = time.perf_counter() - waited
         if batch is None:
             logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
             break
-        micro_batches = build_micro_batches(
-            batch,
-            config.sequence_len,
-            config.per_device_train_batch_size,
-            tokenizer.pad_token_id or 0,
-            NORMALISATION[config.loss.type],
-            packing=config.sample_packing,
-        )
+        micro_batches = this_ranks_micro_batches(batch, config, ranks, tokenizer.pad_token_id or 0)
+        passes = int(reduce_max({"passes": len(micro_batches)}, ranks)["passes"])
         stats = train_step(
-            model, reference, optimizer, scheduler, micro_batches, config, version=step - 1
-        )
-        publish(run_dir, step, model, sender, keep=config.max_async_level + 2)
+            model, reference, optimizer, scheduler, micro_batches, config, version=step - 1,
+            ranks=ranks, passes=passes,
+        )  # fmt: skip
+        publish(run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks)
         maybe_sync_reference(reference, model, step, config)
-        maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler)
-        if step % config.logging_steps == 0 or step == config.max_steps:
-            summary = {**stats.summary(), "wait_time": wait_time}
+        maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
+        summary = stats.summary()
+        if metrics is not None and (step % config.logging_steps == 0 or step == config.max_steps):
+            summary["wait_time"] = wait_time
             metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
         logger.info(
             "trainer: step %d loss %.4f kl %.2e grad_norm %.3f (%.1f s)",
             step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
         )  # fmt: skip
         step += 1
-    receiver.close()
+    if receiver is not None:
+        receiver.close()
     if sender is not None:
         sender.close()
+
+
+def this_ranks_micro_batches(
+    batch: TrainingBatch, config: TrainerConfig, ranks: Ranks, pad_token_id: int
+) -> list[MicroBatch]:
+    """This rank's share of the batch (balanced by tokens), packed, weighted by batch totals."""
+    only = None
+    if ranks.distributed:
+        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples]
+        only = split_by_tokens(lengths, ranks.world_size)[ranks.rank]
+    return build_micro_batches(
+        batch,
+        config.sequence_len,
+        config.per_device_train_batch_size,
+        pad_token_id,
+        NORMALISATION[config.loss.type],
+        packing=config.sample_packing,
+        only=only,
+        min_micro_batches=config.gradient_accumulation_steps,
+    )
 
 
 def resume(
@@ -102,6 +153,7 @@ def resume(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ranks: Ranks,
 ) -> int:
     """The step training resumes after (0 for a fresh start). Broadcasts the crashed run made
     after that step are removed: they belong to a future this run will redo."""
@@ -110,10 +162,11 @@ def resume(
     if step is None:
         return 0
     load_trainer_checkpoint(
-        checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler
+        checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler, ranks
     )
-    for later in [s for s in stable_steps(run_dir) if s > step]:
-        shutil.rmtree(run_dir / "broadcasts" / f"step_{later}", ignore_errors=True)
+    if ranks.is_main:
+        for later in [s for s in stable_steps(run_dir) if s > step]:
+            shutil.rmtree(run_dir / "broadcasts" / f"step_{later}", ignore_errors=True)
     logger.info("trainer: resumed from the checkpoint of step %d", step)
     return step
 
@@ -125,14 +178,16 @@ def maybe_checkpoint(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
+    ranks: Ranks,
 ) -> None:
     """Every `save_steps`: weights, optimizer, scheduler and RNG under checkpoints/step_N."""
     if not config.save_steps or step % config.save_steps:
         return
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     directory = checkpoint_dir(run_dir, step, "trainer", root)
-    save_trainer_checkpoint(directory, step, model, optimizer, scheduler)
-    prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
+    save_trainer_checkpoint(directory, step, model, optimizer, scheduler, ranks)
+    if ranks.is_main:
+        prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
 
 
 def open_sender(config: TrainerConfig) -> WeightSender | None:
@@ -145,51 +200,23 @@ def open_sender(config: TrainerConfig) -> WeightSender | None:
 
 
 def publish(
-    run_dir: Path, step: int, model: torch.nn.Module, sender: WeightSender | None, keep: int
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    sender: WeightSender | None,
+    keep: int,
+    ranks: Ranks,
 ) -> None:
-    """Weights version `step` out to inference: over NCCL/gloo, or as a checkpoint directory."""
+    """Weights version `step` out to inference: over NCCL/gloo, or as a checkpoint directory.
+    With several ranks every rank takes part in gathering the weights; rank 0 publishes."""
+    gathered = full_state_dict(model, ranks)
+    if not ranks.is_main:
+        return
     if sender is None:
-        publish_weights(run_dir, step, model, keep=keep)
+        publish_weights(run_dir, step, model, keep=keep, state_dict=gathered)
         return
     sender.send(step, model)
     publish_marker(run_dir, step, weights_fingerprint(model.named_parameters()), keep=keep)
-
-
-@dataclass
-class StepStats:
-    loss: float = 0.0
-    grad_norm: float = 0.0
-    loss_tokens: int = 0
-    masked_tokens: int = 0
-    clipped_tokens: int = 0
-    skipped_updates: int = 0
-    kl_sum: float = 0.0
-    entropy_sum: float = 0.0
-    tokens: int = 0
-    step_time: float = 0.0
-    lr: float = 0.0
-    version: int = 0  # weights version the batch is trained from (step - 1)
-    max_staleness: int = 0  # versions between that and the oldest token's policy
-
-    def mismatch_kl(self) -> float:
-        return self.kl_sum / max(1, self.loss_tokens)
-
-    def summary(self) -> dict[str, float]:
-        tokens = max(1, self.loss_tokens)
-        return {
-            "loss": self.loss,
-            "grad_norm": self.grad_norm,
-            "mismatch_kl": self.mismatch_kl(),
-            "entropy": self.entropy_sum / tokens,
-            "masked_fraction": self.masked_tokens / tokens,
-            "clip_fraction": self.clipped_tokens / tokens,
-            "loss_tokens": self.loss_tokens,
-            "skipped_updates": self.skipped_updates,
-            "lr": self.lr,
-            "step_time": self.step_time,
-            "tokens_per_s": self.tokens / max(self.step_time, 1e-9),
-            "max_staleness": self.max_staleness,
-        }
 
 
 def train_step(
@@ -200,15 +227,38 @@ def train_step(
     micro_batches: list[MicroBatch],
     config: TrainerConfig,
     version: int,
+    ranks: Ranks = SINGLE_PROCESS,
+    passes: int | None = None,
 ) -> StepStats:
+    """One batch: `num_iterations` optimizer updates, each accumulating every micro-batch.
+
+    With several ranks each rank runs `passes` forward/backward passes (the most any rank has),
+    padding with zero-weight passes, because FSDP's collectives must pair up across ranks. A
+    micro-batch without a token to train adds nothing to the gradient and is skipped (one
+    process) or run at zero weight (several); a step with none anywhere updates nothing and is
+    counted in `empty_steps`.
+    """
     started = time.perf_counter()
     stats = StepStats(lr=scheduler.get_last_lr()[0], version=version)
     stats.tokens = sum(mb.packed.input_ids.numel() for mb in micro_batches) * config.num_iterations
-    device = next(model.parameters()).device
+    device = ranks.device if ranks.distributed else next(model.parameters()).device
     micro_batches = [mb.to(device) for mb in micro_batches]
+    passes = len(micro_batches) if passes is None else passes
+    trained_tokens = reduce_sums({"t": sum(mb.num_loss_tokens for mb in micro_batches)}, ranks)
+    if trained_tokens["t"] == 0:
+        stats.empty_steps += 1
+        logger.warning("trainer: batch of step %d has no token to train; no update", version + 1)
+        scheduler.step()
+        stats.step_time = time.perf_counter() - started
+        stats.reduce(ranks)
+        return stats
     for iteration in range(config.num_iterations):
         total_loss = 0.0
         for mb in micro_batches:
+            if not mb.num_loss_tokens:
+                if ranks.distributed:
+                    zero_weight_pass(model, config, device)
+                continue
             with precision_context(config.recipe, device):
                 current = completion_logprobs(model, mb.packed, mb.temperature)
             reference_logprobs = reference_logprobs_for(reference, model, mb, config)
@@ -225,9 +275,13 @@ def train_step(
             )
             output.loss.backward()
             total_loss += output.loss.item()
-            if iteration == 0 and mb.num_loss_tokens:
+            if iteration == 0:
                 record_first_pass(stats, mb, current.logprobs.detach(), current.entropy, output)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm))
+        for _ in range(passes - len(micro_batches)):
+            zero_weight_pass(model, config, device)
+        total_loss = reduce_sums({"loss": total_loss}, ranks)["loss"]
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        grad_norm = plain_float(norm)
         if math.isfinite(total_loss) and math.isfinite(grad_norm):
             optimizer.step()
         else:
@@ -238,26 +292,22 @@ def train_step(
         scheduler.step()
         stats.loss, stats.grad_norm = total_loss, grad_norm
     stats.step_time = time.perf_counter() - started
+    stats.reduce(ranks)
     return stats
 
 
-def record_first_pass(
-    stats: StepStats,
-    mb: MicroBatch,
-    logprobs: torch.Tensor,
-    entropy: torch.Tensor,
-    output: LossOutput,
-) -> None:
-    """Metrics of the policy the batch was sampled against (before this step's updates)."""
-    log_ratio = logprobs - mb.inference_logprobs  # log(π_train / π_inf) on sampled tokens
-    finite = torch.isfinite(log_ratio)
-    # k3 estimate of KL(π_inf || π_train): E[r − 1 − log r], r = π_train / π_inf
-    stats.kl_sum += float((torch.exp(log_ratio) - 1 - log_ratio)[finite].sum())
-    stats.entropy_sum += float(entropy.sum())
-    stats.loss_tokens += mb.num_loss_tokens
-    stats.masked_tokens += output.masked_tokens
-    stats.clipped_tokens += output.clipped_tokens
-    stats.max_staleness = max(stats.max_staleness, int(stats.version - mb.policy_versions.min()))
+def zero_weight_pass(model: torch.nn.Module, config: TrainerConfig, device: torch.device) -> None:
+    """A forward and backward pass that adds exactly zero to every gradient: it keeps this
+    rank's FSDP collectives paired with the ranks that still have micro-batches."""
+    dummy = PackedBatch(
+        input_ids=torch.zeros(1, 2, dtype=torch.long, device=device),
+        position_ids=torch.arange(2, device=device).unsqueeze(0),
+        loss_mask=torch.tensor([[False, True]], device=device),
+        sample_index=torch.zeros(1, 2, dtype=torch.long, device=device),
+    )
+    with precision_context(config.recipe, device):
+        logprobs = completion_logprobs(model, dummy).logprobs
+    (logprobs.sum() * 0.0).backward()
 
 
 def check_supported(config: TrainerConfig) -> None:

@@ -40,18 +40,29 @@ def broadcasts_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "broadcasts"
 
 
-def publish_weights(run_dir: str | Path, step: int, model: torch.nn.Module, keep: int) -> Broadcast:
-    """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones."""
+def publish_weights(
+    run_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    keep: int,
+    state_dict: dict[str, torch.Tensor] | None = None,
+) -> Broadcast:
+    """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones.
+    `state_dict`: the full weights when the model itself holds only a shard (FSDP)."""
     is_lora = hasattr(model, "peft_config")
     kind: Literal["full", "lora"] = "lora" if is_lora else "full"
-    if is_lora:
-        adapter = {n: p for n, p in model.named_parameters() if "lora_" in n}
-        fingerprint = weights_fingerprint(adapter.items())
-    else:
-        fingerprint = weights_fingerprint(model.named_parameters())
+    names = [name for name, _ in model.named_parameters() if not is_lora or "lora_" in name]
+    if state_dict is None:
+        parameters = dict(model.named_parameters())
+        fingerprint = weights_fingerprint((name, parameters[name]) for name in names)
+    else:  # the names one process saves: a tied head is not a tensor of its own
+        own = {name for name, _ in model.named_parameters()}
+        own |= {name for name, _ in model.named_buffers()}
+        state_dict = {name: tensor for name, tensor in state_dict.items() if name in own}
+        fingerprint = weights_fingerprint((name, state_dict[name]) for name in names)
     target = broadcasts_dir(run_dir) / f"step_{step}"
     with atomic_directory(target) as staging:
-        model.save_pretrained(staging)
+        model.save_pretrained(staging, state_dict=state_dict)
         marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep)

@@ -64,9 +64,9 @@ def test_every_error_is_reported_not_only_the_first() -> None:
 
 
 def test_planned_key_set_away_from_default_is_refused_not_ignored() -> None:
-    message = error_of(TrainerConfig, ["--model", "m", "--gpus", "2"])
-    assert "`gpus` is not supported yet (multi-GPU training)" in message
-    load_config(TrainerConfig, [], ["--model", "m", "--gpus", "1"])  # the default is fine
+    message = error_of(TrainerConfig, ["--model", "m", "--qlora_bnb", "true"])
+    assert "`qlora_bnb` is not supported yet (QLoRA)" in message
+    load_config(TrainerConfig, [], ["--model", "m", "--qlora_bnb", "false"])  # the default
 
 
 def test_parallelism_needs_an_engine_that_has_it() -> None:

@@ -5,10 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
 
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from asyncrl.trainer.checkpoint import (
+    LEGACY_STATE,
+    LEGACY_WEIGHTS,
+    load_trainer_checkpoint,
+    save_trainer_checkpoint,
+)
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -43,5 +49,26 @@ def test_round_trip_restores_everything(tiny_model_dir: Path, tmp_path: Path) ->
     assert step == 2 and (tmp_path / "ckpt" / "COMPLETE").exists()
     assert torch.equal(torch.rand(3), expected_noise)  # RNG restored
     train_a_step(fresh, fresh_optimizer, fresh_scheduler)  # the same third step
+    for name, parameter in fresh.named_parameters():
+        assert torch.allclose(parameter, expected[name], atol=1e-7), name
+
+
+def test_a_checkpoint_in_the_earlier_single_process_format_still_loads(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    train_a_step(model, optimizer, scheduler)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    save_model(model, str(legacy / LEGACY_WEIGHTS))
+    torch.save({"step": 1, "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()},
+               legacy / LEGACY_STATE)  # fmt: skip
+    train_a_step(model, optimizer, scheduler)
+    expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    fresh, fresh_optimizer, fresh_scheduler = setup(tiny_model_dir)
+    assert load_trainer_checkpoint(legacy, fresh, fresh_optimizer, fresh_scheduler) == 1
+    train_a_step(fresh, fresh_optimizer, fresh_scheduler)
     for name, parameter in fresh.named_parameters():
         assert torch.allclose(parameter, expected[name], atol=1e-7), name

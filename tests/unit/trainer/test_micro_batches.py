@@ -86,3 +86,30 @@ def test_without_packing_each_sample_has_its_own_row() -> None:
     rows = micro_batches[0].packed.sample_index
     assert rows.shape == (4, 8)
     assert [sorted(set(row.tolist()) - {-1}) for row in rows] == [[0], [1], [2], [3]]
+
+
+def _weights_by_token(micro_batches: list) -> list[tuple[float, float]]:
+    """(advantage, normalisation weight) of every loss token, sorted: what the loss sees."""
+    pairs = []
+    for mb in micro_batches:
+        pairs += zip(mb.advantages.tolist(), mb.token_weights.tolist(), strict=True)
+    return sorted(pairs)
+
+
+@pytest.mark.parametrize("normalisation", ["token", "sequence", "constant"])
+def test_ranks_shares_carry_the_whole_batchs_weights(normalisation: str) -> None:
+    whole = build_micro_batches(BATCH, 8, 1, 0, normalisation)
+    shares = [[0, 2], [1, 3]]  # two ranks' samples
+    split = [mb for share in shares
+             for mb in build_micro_batches(BATCH, 8, 1, 0, normalisation, only=share)]  # fmt: skip
+    assert _weights_by_token(split) == _weights_by_token(whole)
+    only_first = build_micro_batches(BATCH, 8, 1, 0, normalisation, only=[0])
+    assert {int(i) for mb in only_first for i in mb.packed.sample_index.flatten() if i >= 0} == {0}
+
+
+def test_gradient_accumulation_spreads_rows_over_more_passes() -> None:
+    assert len(build_micro_batches(BATCH, 8, 4, 0, "token")) == 1
+    spread = build_micro_batches(BATCH, 8, 4, 0, "token", min_micro_batches=3)
+    assert len(spread) == 3  # three rows of ≤ 8 tokens, one per pass
+    whole = build_micro_batches(BATCH, 8, 4, 0, "token")
+    assert _weights_by_token(spread) == _weights_by_token(whole)

@@ -25,6 +25,15 @@ def test_unbuilt_or_contradictory_settings_are_refused(overrides: list[str], say
         check_supported(config)
 
 
-def test_several_updates_per_batch_via_accumulation_is_refused_at_load() -> None:
-    with pytest.raises(ConfigError, match="`gradient_accumulation_steps` is not supported yet"):
-        load_config(TrainerConfig, [], ["--model", "m", "--gradient_accumulation_steps", "4"])
+def test_gpus_and_world_size_are_one_setting() -> None:
+    for key in ("--gpus", "--world_size"):
+        config = load_config(TrainerConfig, [], ["--model", "m", key, "4"])
+        assert config.world_size == config.gpus == 4
+    with pytest.raises(ConfigError, match=r"`gpus` \(2\) and `world_size` \(4\) disagree"):
+        load_config(TrainerConfig, [], ["--model", "m", "--gpus", "2", "--world_size", "4"])
+
+
+def test_nccl_weight_broadcast_from_several_ranks_is_refused_at_load() -> None:
+    with pytest.raises(ConfigError, match="`world_size` > 1 is not built yet"):
+        load_config(TrainerConfig, [], ["--model", "m", "--world_size", "2",
+                                        "--weight_broadcast.type", "nccl"])  # fmt: skip
