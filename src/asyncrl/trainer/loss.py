@@ -64,12 +64,13 @@ def sequence_weights(
     kind: str, lengths: torch.Tensor, total_tokens: int, total_sequences: int, longest: int
 ) -> torch.Tensor:
     """[S] normalisation weight of every token of each sequence (`lengths`: [S] loss tokens),
-    from totals over the whole optimizer step. Index it with `sequence_ids` to get [T]."""
+    from totals over the whole optimizer step. Index it with `sequence_ids` to get [T]. A step
+    with nothing to train has totals of 0 and no tokens to weigh: guarded, not divided by."""
     if kind == "token":
-        return torch.full(lengths.shape, 1.0 / total_tokens, dtype=torch.float64)
+        return torch.full(lengths.shape, 1.0 / max(total_tokens, 1), dtype=torch.float64)
     if kind == "sequence":
-        return 1.0 / (lengths.double() * total_sequences)
-    return torch.full(lengths.shape, 1.0 / (total_sequences * longest), dtype=torch.float64)
+        return 1.0 / (lengths.double() * max(total_sequences, 1))
+    return torch.full(lengths.shape, 1.0 / max(total_sequences * longest, 1), dtype=torch.float64)
 
 
 def _segment_sum(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:
