@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=20.0, help="seconds between snapshots")
     parser.add_argument("--target-gain", type=float, default=0.02)
     parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--batch", type=int, default=64, help="completions per step")
+    parser.add_argument("--batch", type=int, default=32, help="completions per step")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=256, help="held-out prompts")

@@ -79,20 +79,28 @@ class Trainer:
 
 
 def build_trainer(
-    model_dir: str, loss: str, lora: bool, ranks: Ranks, zero_level: int = 3, accumulation: int = 1
+    model_dir: str,
+    loss: str,
+    lora: bool,
+    ranks: Ranks,
+    zero_level: int = 3,
+    accumulation: int = 1,
+    beta: float = 0.0,
 ) -> Trainer:
     # two packed rows per micro-batch: several samples per row, several micro-batches per rank
     config = TrainerConfig(
         model=model_dir, lora=lora, lora_rank=4, optimizer="adamw", recipe="fp32",
         learning_rate=1e-4, sequence_len=256, per_device_train_batch_size=2,
         gradient_accumulation_steps=accumulation, world_size=ranks.world_size,
-        zero_level=zero_level, loss={"type": loss, "beta": 0.0},
+        zero_level=zero_level, loss={"type": loss, "beta": beta},
     )  # fmt: skip
     torch.manual_seed(0)  # LoRA's initial A matrices: the same on every rank and in every run
     model = load_model(config)
     model.train()
     reference = build_reference(model, config)
     model = shard_model(model, ranks, config.zero_level, config.recipe)
+    if reference is not None:
+        reference = shard_model(reference, ranks, config.zero_level, config.recipe)
     optimizer = build_optimizer(model, config)
     return Trainer(config, model, reference, optimizer, build_scheduler(optimizer, config, 10))
 
@@ -117,8 +125,8 @@ def trained_parameters(trainer: Trainer, ranks: Ranks) -> dict[str, torch.Tensor
 
 
 def run_case(model_dir: str, loss: str, lora: bool, shape: str, ranks: Ranks, out: Path,
-             zero_level: int = 3, accumulation: int = 1) -> None:  # fmt: skip
-    trainer = build_trainer(model_dir, loss, lora, ranks, zero_level, accumulation)
+             zero_level: int = 3, accumulation: int = 1, beta: float = 0.0) -> None:  # fmt: skip
+    trainer = build_trainer(model_dir, loss, lora, ranks, zero_level, accumulation, beta)
     gradients: dict[str, torch.Tensor] = {}
 
     def capture(*_: object) -> None:
@@ -136,6 +144,7 @@ def run_case(model_dir: str, loss: str, lora: bool, shape: str, ranks: Ranks, ou
         tensors["stats/loss"] = torch.tensor([stats.loss], dtype=torch.float64)
         tensors["stats/loss_tokens"] = torch.tensor([stats.loss_tokens], dtype=torch.float64)
         name = f"{loss}-{'lora' if lora else 'full'}-{shape}-zero{zero_level}-ga{accumulation}"
+        name += f"-beta{beta}" if beta else ""
         save_file(tensors, str(out / f"{name}.safetensors"))
 
 
@@ -150,6 +159,8 @@ def main() -> None:
                     run_case(model_dir, loss, lora, shape, ranks, out)
             run_case(model_dir, loss, False, "even", ranks, out, accumulation=3)
         run_case(model_dir, "grpo_clip", False, "uneven", ranks, out, zero_level=2)
+        for lora in (False, True):  # β·KL: a sharded reference copy, or the base under LoRA
+            run_case(model_dir, "grpo_clip", lora, "even", ranks, out, beta=0.1)
     finally:
         close_ranks(ranks)
 

@@ -1,6 +1,7 @@
 """N trainer ranks (FSDP2 over gloo, real processes started by torchrun) compute what one
 process computes: the same gradient and the same parameters after an optimizer step, for
-every loss, with and without LoRA, for even, uneven and one-sample batches."""
+every loss, with and without LoRA, for even, uneven and one-sample batches, with gradient
+accumulation, ZeRO-2, and a KL term to a reference model."""
 
 from __future__ import annotations
 
@@ -42,8 +43,9 @@ def test_two_ranks_compute_the_gradient_and_update_of_one(
 ) -> None:
     one, two = one_and_two_ranks
     cases = sorted(path.name for path in one.glob("*.safetensors"))
-    # losses × (full, LoRA) × batch shapes, + each loss with gradient accumulation, + ZeRO-2
-    assert len(cases) == 4 * 2 * 3 + 4 + 1
+    # losses × (full, LoRA) × batch shapes, + each loss with gradient accumulation, + ZeRO-2,
+    # + β·KL to a reference (full and LoRA)
+    assert len(cases) == 4 * 2 * 3 + 4 + 1 + 2
     for case in cases:
         single, double = load_file(one / case), load_file(two / case)
         assert single.keys() == double.keys(), case
