@@ -71,6 +71,22 @@ def prune(run_dir: Path, role: str, keep_last: int | None, keep_interval: int | 
         shutil.rmtree(checkpoint_dir(run_dir, step, role, root), ignore_errors=True)
 
 
+def remove_staging_leftovers(folder: Path) -> None:
+    """Delete the hidden `.<name>….tmp` files and directories that atomic writes stage in and
+    a crash can leave behind, in `folder` and in its step directories (checkpoints stage per
+    role). Nothing under such a name is ever read."""
+    if not folder.exists():
+        return
+    places = [folder, *(child for child in folder.iterdir() if STEP_DIR.match(child.name))]
+    for place in places:
+        for child in place.iterdir():
+            if child.name.startswith(".") and child.name.endswith(".tmp"):
+                if child.is_dir():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+
+
 def forget_after(run_dir: Path, step: int) -> None:
     """Remove what a crashed run produced after `step`, before resuming from it."""
     for kind in ("rollouts", "broadcasts"):
@@ -80,6 +96,8 @@ def forget_after(run_dir: Path, step: int) -> None:
                 match = STEP_DIR.match(child.name)
                 if match and int(match.group(1)) > step:
                     shutil.rmtree(child, ignore_errors=True)
+    for folder in (run_dir / "rollouts", run_dir / "broadcasts", run_dir / "checkpoints"):
+        remove_staging_leftovers(folder)
     (run_dir / "rollouts" / "DONE").unlink(missing_ok=True)
     metrics = run_dir / "metrics.jsonl"
     if metrics.exists():

@@ -75,12 +75,7 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
     )
-    model = load_model(config)
-    model.train()
-    reference = build_reference(model, config)
-    model = shard_model(model, ranks, config.zero_level, config.recipe)
-    if reference is not None:
-        reference = shard_model(reference, ranks, config.zero_level, config.recipe)
+    model, reference = build_policy(config, ranks)
     optimizer = build_optimizer(model, config)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
@@ -104,10 +99,9 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
             logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
             break
         micro_batches = this_ranks_micro_batches(batch, config, ranks, tokenizer.pad_token_id or 0)
-        passes = int(reduce_max({"passes": len(micro_batches)}, ranks)["passes"])
         stats = train_step(
             model, reference, optimizer, scheduler, micro_batches, config, version=step - 1,
-            ranks=ranks, passes=passes,
+            ranks=ranks,
         )  # fmt: skip
         publish(run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks)
         maybe_sync_reference(reference, model, step, config)
@@ -125,6 +119,20 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
         receiver.close()
     if sender is not None:
         sender.close()
+
+
+def build_policy(
+    config: TrainerConfig, ranks: Ranks
+) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The policy in training mode and, when β·KL needs one, its frozen reference — each
+    sharded across the ranks when there are several."""
+    model = load_model(config)
+    model.train()
+    reference = build_reference(model, config)
+    model = shard_model(model, ranks, config.zero_level, config.recipe)
+    if reference is not None:
+        reference = shard_model(reference, ranks, config.zero_level, config.recipe)
+    return model, reference
 
 
 def this_ranks_micro_batches(
@@ -228,27 +236,27 @@ def train_step(
     config: TrainerConfig,
     version: int,
     ranks: Ranks = SINGLE_PROCESS,
-    passes: int | None = None,
 ) -> StepStats:
     """One batch: `num_iterations` optimizer updates, each accumulating every micro-batch.
 
-    With several ranks each rank runs `passes` forward/backward passes (the most any rank has),
-    padding with zero-weight passes, because FSDP's collectives must pair up across ranks. A
-    micro-batch without a token to train adds nothing to the gradient and is skipped (one
-    process) or run at zero weight (several); a step with none anywhere updates nothing and is
-    counted in `empty_steps`.
+    With several ranks each rank runs as many forward/backward passes as the rank with the
+    most micro-batches, padding with zero-weight passes: FSDP's collectives pair up across
+    ranks. A micro-batch without a token to train adds nothing to the gradient and is skipped
+    (one process) or run at zero weight (several); a step with none anywhere updates nothing,
+    keeps the learning-rate schedule in step, and is counted in `empty_steps`.
     """
     started = time.perf_counter()
     stats = StepStats(lr=scheduler.get_last_lr()[0], version=version)
     stats.tokens = sum(mb.packed.input_ids.numel() for mb in micro_batches) * config.num_iterations
     device = ranks.device if ranks.distributed else next(model.parameters()).device
     micro_batches = [mb.to(device) for mb in micro_batches]
-    passes = len(micro_batches) if passes is None else passes
+    passes = int(reduce_max({"passes": len(micro_batches)}, ranks)["passes"])
     trained_tokens = reduce_sums({"t": sum(mb.num_loss_tokens for mb in micro_batches)}, ranks)
     if trained_tokens["t"] == 0:
         stats.empty_steps += 1
         logger.warning("trainer: batch of step %d has no token to train; no update", version + 1)
-        scheduler.step()
+        for _ in range(config.num_iterations):
+            scheduler.step()
         stats.step_time = time.perf_counter() - started
         stats.reduce(ranks)
         return stats

@@ -21,18 +21,15 @@ import torch
 from safetensors.torch import save_file
 
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.trainer.model import load_model
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.parallel import (
     Ranks,
     close_ranks,
     full_state_dict,
     init_ranks,
-    reduce_max,
-    shard_model,
 )
 from asyncrl.trainer.step_stats import StepStats
-from asyncrl.trainer.train import build_reference, this_ranks_micro_batches, train_step
+from asyncrl.trainer.train import build_policy, this_ranks_micro_batches, train_step
 from asyncrl.types import TrainingBatch, TrainingSample
 
 LOSSES = ("masked_is", "grpo_clip", "dapo", "dr_grpo")
@@ -95,22 +92,16 @@ def build_trainer(
         zero_level=zero_level, loss={"type": loss, "beta": beta},
     )  # fmt: skip
     torch.manual_seed(0)  # LoRA's initial A matrices: the same on every rank and in every run
-    model = load_model(config)
-    model.train()
-    reference = build_reference(model, config)
-    model = shard_model(model, ranks, config.zero_level, config.recipe)
-    if reference is not None:
-        reference = shard_model(reference, ranks, config.zero_level, config.recipe)
+    model, reference = build_policy(config, ranks)
     optimizer = build_optimizer(model, config)
     return Trainer(config, model, reference, optimizer, build_scheduler(optimizer, config, 10))
 
 
 def take_step(trainer: Trainer, batch: TrainingBatch, ranks: Ranks, version: int = 0) -> StepStats:
     micro_batches = this_ranks_micro_batches(batch, trainer.config, ranks, pad_token_id=0)
-    passes = int(reduce_max({"p": len(micro_batches)}, ranks)["p"])
     return train_step(
         trainer.model, trainer.reference, trainer.optimizer, trainer.scheduler, micro_batches,
-        trainer.config, version=version, ranks=ranks, passes=passes,
+        trainer.config, version=version, ranks=ranks,
     )  # fmt: skip
 
 

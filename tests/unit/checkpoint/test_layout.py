@@ -57,3 +57,23 @@ def test_forget_after_removes_the_lost_future(tmp_path: Path) -> None:
     text = (tmp_path / "metrics.jsonl").read_text()
     steps = [json.loads(line)["step"] for line in text.splitlines()]
     assert steps == [1, 2]
+
+
+def test_forget_after_removes_what_a_crash_left_half_written(tmp_path: Path) -> None:
+    """A SIGKILL mid-write leaves atomic writes' staging names behind; resuming clears them."""
+    staged = [
+        tmp_path / "broadcasts" / ".step_5.wqn9sn2f.tmp",  # a broadcast being written
+        tmp_path / "rollouts" / ".step_6.x1.tmp",
+        tmp_path / "checkpoints" / "step_6" / ".trainer.tmp",  # a checkpoint being written
+    ]
+    for path in staged:
+        (path / "shards").mkdir(parents=True)
+    stray_file = tmp_path / "rollouts" / "step_2" / ".batch.msgpack.abc.tmp"
+    stray_file.parent.mkdir(parents=True)
+    stray_file.write_bytes(b"half")
+    kept = tmp_path / "checkpoints" / "step_2" / "trainer" / "shards" / ".metadata"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"DCP index")
+    forget_after(tmp_path, 2)
+    assert not [path for path in (*staged, stray_file) if path.exists()]
+    assert kept.exists()  # a real file whose name starts with a dot
