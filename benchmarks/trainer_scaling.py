@@ -62,16 +62,13 @@ def local_bytes(tensors) -> int:
 
 def worker(model_dir: str, steps: int, samples: int, out: Path) -> None:
     from asyncrl.config.trainer import TrainerConfig
-    from asyncrl.trainer.model import load_model
     from asyncrl.trainer.optim import build_optimizer, build_scheduler
     from asyncrl.trainer.parallel import (
         close_ranks,
         init_ranks,
         peak_memory_bytes,
-        reduce_max,
-        shard_model,
     )
-    from asyncrl.trainer.train import this_ranks_micro_batches, train_step
+    from asyncrl.trainer.train import build_policy, this_ranks_micro_batches, train_step
 
     ranks = init_ranks(int(os.environ.get("WORLD_SIZE", "1")), timeout=600)
     config = TrainerConfig(
@@ -79,17 +76,15 @@ def worker(model_dir: str, steps: int, samples: int, out: Path) -> None:
         sequence_len=512, per_device_train_batch_size=4, world_size=ranks.world_size,
         zero_level=3, loss={"type": "grpo_clip"},
     )  # fmt: skip
-    model = shard_model(load_model(config), ranks, config.zero_level, config.recipe)
+    model, _ = build_policy(config, ranks)
     optimizer = build_optimizer(model, config)
     scheduler = build_scheduler(optimizer, config, steps + 1)
     batch = synthetic_batch(samples, prompt=96, completion=32)
     micro_batches = this_ranks_micro_batches(batch, config, ranks, pad_token_id=0)
-    passes = int(reduce_max({"p": len(micro_batches)}, ranks)["p"])
     elapsed = 0.0
     for step in range(steps + 1):  # step 0 warms up (allocations, optimizer state)
         started = time.perf_counter()
-        train_step(model, None, optimizer, scheduler, micro_batches, config, step,
-                   ranks=ranks, passes=passes)  # fmt: skip
+        train_step(model, None, optimizer, scheduler, micro_batches, config, step, ranks=ranks)
         elapsed += (time.perf_counter() - started) if step else 0.0
     states = [t for state in optimizer.state.values() for t in state.values() if torch.is_tensor(t)]
     tokens = sum(mb.packed.input_ids.numel() for mb in micro_batches) * steps
