@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_model
 from transformers import AutoModelForCausalLM
@@ -16,6 +17,7 @@ from asyncrl.trainer.checkpoint import (
     save_trainer_checkpoint,
 )
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
+from asyncrl.trainer.parallel import Ranks
 
 
 def setup(model_dir: Path) -> tuple:
@@ -72,3 +74,16 @@ def test_a_checkpoint_in_the_earlier_single_process_format_still_loads(
     train_a_step(fresh, fresh_optimizer, fresh_scheduler)
     for name, parameter in fresh.named_parameters():
         assert torch.allclose(parameter, expected[name], atol=1e-7), name
+
+
+def test_an_old_single_process_checkpoint_on_several_ranks_says_how_to_resume_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    save_model(model, str(legacy / LEGACY_WEIGHTS))
+    # refused before any collective, so no process group is needed here
+    two_ranks = Ranks(rank=0, world_size=2, device=torch.device("cpu"))
+    with pytest.raises(RuntimeError, match=r"single-process checkpoint .* trainer.world_size 1"):
+        load_trainer_checkpoint(legacy, model, optimizer, scheduler, ranks=two_ranks)
