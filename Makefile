@@ -2,17 +2,25 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.asyncrl-installed
+RAY_STAMP := $(VENV)/.asyncrl-ray-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup vllm bench-setup demo test lint format
+.PHONY: setup ray vllm bench-setup demo test lint format
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
+
+# Ray in .venv, for `asyncrl rl --launcher ray` and its tests
+ray: $(RAY_STAMP)
+
+$(RAY_STAMP): $(STAMP)
+	VENV=$(VENV) EXTRAS=dev,ray bash scripts/setup.sh
+	touch $(RAY_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
@@ -39,7 +47,7 @@ demo: setup
 	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
 
 # every test, the engine contract suite against real vLLM included (no skip allowed)
-test: setup vllm lint
+test: setup ray vllm lint
 	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
 
 lint: setup

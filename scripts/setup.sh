@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv and installs asyncrl with its dev extras.
+# Creates .venv and installs asyncrl with its dev extras (EXTRAS=dev,ray for more).
 # On a machine without an NVIDIA GPU, torch==2.13.0 (CPU build) goes in first: a plain `torch`
 # requirement would otherwise pull several GB of CUDA packages from the registry.
 set -euo pipefail
@@ -16,5 +16,5 @@ quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     quiet "${pip[@]}" "torch==2.13.0"
 fi
-quiet "${pip[@]}" -e ".[dev]"
+quiet "${pip[@]}" -e ".[${EXTRAS:-dev}]"
 echo "asyncrl installed in $venv"

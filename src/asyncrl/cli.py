@@ -64,8 +64,12 @@ def _train(config: Any) -> None:
 
 
 def _rl(config: Any) -> None:
-    from asyncrl.launch.local import RoleFailed, run_rl
+    from asyncrl.launch.roles import RoleFailed
 
+    if config.launcher == "ray":
+        from asyncrl.launch.ray import run_rl_on_ray as run_rl
+    else:
+        from asyncrl.launch.local import run_rl
     try:
         run_rl(config)
     except RoleFailed as error:

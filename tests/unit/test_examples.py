@@ -10,8 +10,8 @@ from asyncrl.cli import COMMANDS
 from asyncrl.config.loading import load_config
 
 EXAMPLES = sorted(Path(__file__).resolve().parents[2].glob("examples/*/*.yaml"))
-COMMAND_OF = {"rl": "rl", "infer": "infer", "orch": "orch", "train": "train", "sft": "sft",
-              "eval": "eval"}  # fmt: skip
+COMMAND_OF = {"rl": "rl", "rl_ray": "rl", "infer": "infer", "orch": "orch", "train": "train",
+              "sft": "sft", "eval": "eval"}  # fmt: skip
 
 
 def test_there_are_examples() -> None:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.ray import RayConfig
 from asyncrl.config.trainer import TrainerConfig
 
 RUN_DIR_NAME = "run_default"
@@ -196,9 +197,24 @@ class RLConfig(StrictModel):
     output_dir: str = Field(
         "outputs", description="Trainer output_dir; the orchestrator uses `<it>/run_default`."
     )
+    launcher: Literal["local", "ray"] = Field(
+        "local",
+        description="`local`: one child process per role on this machine; `ray`: the roles as "
+        "actors on a Ray cluster (see `ray`), with several inference servers if asked.",
+    )
+    ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     inference: InferenceConfig = Field(description="Inference server.")
     orchestrator: OrchestratorConfig = Field(description="Orchestrator.")
     trainer: TrainerConfig = Field(description="Trainer.")
+
+    @model_validator(mode="after")
+    def _replicas_need_ray(self) -> RLConfig:
+        if self.launcher == "local" and self.ray.inference.replicas > 1:
+            raise ValueError(
+                f"`ray.inference.replicas` ({self.ray.inference.replicas}) needs `launcher: "
+                "ray`; the local launcher starts one inference server"
+            )
+        return self
 
     @model_validator(mode="before")
     @classmethod

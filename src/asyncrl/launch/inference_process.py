@@ -20,18 +20,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def answers_health(url: str) -> bool:
+    """One probe of `url/health`: True on 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
     """Poll `url/health` until 200; raise if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
     while True:
         if process.poll() is not None:
             raise RuntimeError(f"inference server exited with code {process.returncode}")
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
+        if answers_health(url):
+            return
         if time.monotonic() > deadline:
             raise TimeoutError(f"inference server at {url} not healthy after {timeout:.0f} s")
         time.sleep(0.2)

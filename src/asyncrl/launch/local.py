@@ -16,22 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from asyncrl.checkpoint.layout import forget_after, resolve_resume_step
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.inference_process import wait_healthy
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.processes import start, stop, tail
+from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
 
 ROLES = ("infer", "orch", "train")
-
-
-class RoleFailed(RuntimeError):
-    """A role exited with an error; the message holds the end of its log."""
 
 
 def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
@@ -40,7 +34,7 @@ def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
     paths = {}
     for role, section in sections.items():
         path = directory / f"{role}.yaml"
-        path.write_text(yaml.safe_dump(section.model_dump(mode="json"), sort_keys=False))
+        path.write_text(role_yaml(section))
         paths[role] = path
     return paths
 
@@ -56,22 +50,6 @@ def thread_budget() -> dict[str, dict[str, str]]:
     half = str(max(1, (os.cpu_count() or 2) // 2))
     return {"infer": {"OMP_NUM_THREADS": half}, "train": {"OMP_NUM_THREADS": half},
             "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
-
-
-def prepare_resume(config: RLConfig) -> RLConfig:
-    """With `ckpt.resume_step`, both roles resume from the same step: the one requested, or
-    the latest complete for both; what the crashed run made after it is removed first."""
-    requested = config.orchestrator.ckpt.resume_step
-    if requested is None:
-        return config
-    run_dir = Path(config.orchestrator.output_dir)
-    step = resolve_resume_step(requested, run_dir, ("trainer", "orchestrator"))
-    forget_after(run_dir, step or 0)
-    logger.info("rl: resuming after step %s", step if step is not None else "0 (fresh start)")
-    config = config.model_copy(deep=True)
-    config.orchestrator.ckpt.resume_step = step
-    config.trainer.resume_step = step
-    return config
 
 
 def run_rl(config: RLConfig) -> None:

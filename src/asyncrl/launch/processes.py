@@ -16,7 +16,10 @@ from asyncrl.lifetime import die_with_parent
 
 
 def start(
-    command: Sequence[str], log_path: Path | None, env: dict[str, str] | None = None
+    command: Sequence[str],
+    log_path: Path | None,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `command` in its own process group, dying with us; its output goes to `log_path`,
     or to our own stdout and stderr when that is None."""
@@ -31,6 +34,7 @@ def start(
             stderr=subprocess.STDOUT if log else None,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent,  # only sets a signal: safe before exec
         )

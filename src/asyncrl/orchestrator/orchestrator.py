@@ -124,6 +124,12 @@ class Orchestrator:
                 self.maybe_checkpoint(step)
                 step, last_batch = step + 1, now
             sender.finish()
+            if config.max_steps is not None:  # the run ends with every server on the trained policy
+                await self.sync_weights(need=config.max_steps)
+                logger.info(
+                    "orchestrator: every server holds the final weights (version %d)",
+                    self.clients.oldest_version(),
+                )
         finally:
             for task in in_flight:
                 task.cancel()

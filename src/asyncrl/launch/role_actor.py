@@ -1,0 +1,123 @@
+"""The Ray actor that runs one role: `asyncrl infer|orch|train <config>` as its child process.
+
+The actor is deliberately thin. It runs the role exactly as the local launcher does (same
+command, own process group, ended by the kernel if the actor dies), so no role knows it is on
+Ray, and it answers the driver's questions: where am I, is my child alive, what did it log. Every
+method returns at once, so the driver can stream logs while a role is still starting up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from asyncrl.fs import atomic_write_bytes
+from asyncrl.launch.inference_process import answers_health
+from asyncrl.launch.processes import start, stop
+
+LOG_CHUNK = 1 << 20  # bytes of log handed to the driver per call
+
+
+class RoleActor:
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.process: subprocess.Popen[bytes] | None = None
+        self.env: dict[str, str] = {}
+        # the child's log stays on this node; the driver copies it into the run's logs/
+        self.log_path = Path(tempfile.mkdtemp(prefix=f"asyncrl-{label}-")) / "role.log"
+
+    def place(self) -> dict[str, Any]:
+        """This actor's node address, the devices Ray gave it, and its process id."""
+        import ray
+
+        return {
+            "address": ray.util.get_node_ip_address(),
+            "devices": [str(device) for device in ray.get_gpu_ids()],
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+
+    def free_port(self) -> int:
+        """A port free on this node now (the role binds it a moment later)."""
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return int(sock.getsockname()[1])
+
+    def write_probe(self, directory: str, token: str) -> str | None:
+        """Leave `token` in `directory/<label>`; the reason if this node cannot write there."""
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(Path(directory) / self.label, token.encode())
+        except OSError as error:
+            return f"{self.label} cannot write {directory}: {error}"
+        return None
+
+    def missing_probes(self, directory: str, expected: dict[str, str]) -> list[str]:
+        """Labels whose probe this node does not see in `directory` (not shared storage)."""
+        missing = []
+        for label, token in expected.items():
+            try:
+                seen = (Path(directory) / label).read_text()
+            except OSError:
+                seen = None
+            if seen != token:
+                missing.append(label)
+        return missing
+
+    def start(
+        self, role: str, config_yaml: str, config_path: str, env: dict[str, str], cwd: str
+    ) -> int:
+        """Write the role's config and start `asyncrl <role>` on it; returns the child's pid."""
+        path = Path(cwd, config_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, config_yaml.encode())
+        command = [sys.executable, "-m", "asyncrl.cli", role, str(path)]
+        self.env = env
+        self.process = start(command, self.log_path, env, cwd=cwd)
+        return self.process.pid
+
+    def healthy(self, url: str) -> bool:
+        return answers_health(url)
+
+    def poll(self) -> int | None:
+        """The child's exit code, None while it runs (or before it started)."""
+        return None if self.process is None else self.process.poll()
+
+    def read_log(self, offset: int) -> tuple[bytes, int]:
+        """The child's output from byte `offset` on (at most LOG_CHUNK) and the next offset."""
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(offset)
+                chunk = log.read(LOG_CHUNK)
+        except FileNotFoundError:
+            return b"", offset
+        return chunk, offset + len(chunk)
+
+    def server_state(self, url: str, api_key_var: str) -> dict[str, Any]:
+        """An inference role's weights version and fingerprint, and the tokens it generated."""
+        import json
+
+        key = self.env.get(api_key_var) or os.environ.get(api_key_var)
+        request = urllib.request.Request(
+            f"{url}/weight_info", headers={"Authorization": f"Bearer {key}"} if key else {}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            state: dict[str, Any] = json.loads(response.read())
+        with urllib.request.urlopen(f"{url}/metrics", timeout=10) as response:
+            for line in response.read().decode().splitlines():
+                if line.startswith(("asyncrl:generation_tokens_total", "vllm:generation_tokens")):
+                    state["generation_tokens_total"] = float(line.rsplit(" ", 1)[1])
+        return state
+
+    def stop(self, grace: float = 15.0) -> int | None:
+        """SIGTERM the child's group, SIGKILL after `grace` s; its exit code."""
+        if self.process is None:
+            return None
+        stop(self.process, grace)
+        return self.process.returncode

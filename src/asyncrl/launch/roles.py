@@ -1,0 +1,40 @@
+"""What every launcher does with a run's roles, whichever machines they run on: the resume step
+both roles agree on, each role's config as a file, and the error a failed role becomes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel
+
+from asyncrl.checkpoint.layout import forget_after, resolve_resume_step
+from asyncrl.config.rl import RLConfig
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+
+class RoleFailed(RuntimeError):
+    """A role exited with an error (or its actor died); the message holds the end of its log."""
+
+
+def role_yaml(section: BaseModel) -> str:
+    """A role's config as `asyncrl <role> <file>` reads it back."""
+    return yaml.safe_dump(section.model_dump(mode="json"), sort_keys=False)
+
+
+def prepare_resume(config: RLConfig) -> RLConfig:
+    """With `ckpt.resume_step`, both roles resume from the same step: the one requested, or
+    the latest complete for both; what the crashed run made after it is removed first."""
+    requested = config.orchestrator.ckpt.resume_step
+    if requested is None:
+        return config
+    run_dir = Path(config.orchestrator.output_dir)
+    step = resolve_resume_step(requested, run_dir, ("trainer", "orchestrator"))
+    forget_after(run_dir, step or 0)
+    logger.info("rl: resuming after step %s", step if step is not None else "0 (fresh start)")
+    config = config.model_copy(deep=True)
+    config.orchestrator.ckpt.resume_step = step
+    config.trainer.resume_step = step
+    return config

@@ -1,0 +1,195 @@
+"""`asyncrl rl --launcher ray` on real Ray, on this CPU: a cluster started with `ray start --head`
+(joined with `ray.address: auto`) and a local instance the run starts itself. Two inference
+servers behind one orchestrator, a 2-rank trainer, a killed actor, an unplaceable request."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.launch.inference_process import free_port
+from asyncrl.monitor.metrics import read_metrics
+from asyncrl.transport.batches import read_batch
+
+from .test_rl_launcher import survivors
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+RAY = str(Path(sys.executable).parent / "ray")
+STEPS = 6
+ASYNC_LEVEL = 1
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[str]:
+    """A one-node Ray cluster with 6 logical CPUs, as `ray start --head` makes it."""
+    port = free_port()
+    subprocess.run(
+        [RAY, "start", "--head", f"--port={port}", "--num-cpus=6", "--include-dashboard=false",
+         "--disable-usage-stats", f"--object-store-memory={1 << 28}"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    try:
+        yield "auto"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+
+
+def ray_config(model: Path, output: Path, **ray: object) -> Path:
+    config = {
+        "model": str(model), "output_dir": str(output), "seq_len": 256, "max_steps": STEPS,
+        "max_async_level": ASYNC_LEVEL, "launcher": "ray",
+        "ray": {"inference": {"replicas": 2}, "placement_timeout": 60, **ray},
+        "inference": {"max_num_seqs": 32},
+        "orchestrator": {"env": [{"id": "reverse-text"}], "batch_size": 8,
+                         "rollouts_per_example": 4, "max_off_policy_steps": 2,
+                         "sampling": {"max_tokens": 12}},
+        "trainer": {"lora": False, "optimizer": "adamw", "recipe": "fp32",
+                    "learning_rate": 1e-4, "world_size": 2},
+    }  # fmt: skip
+    path = output.parent / f"{output.name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def cluster_state(address: str) -> dict[str, object]:
+    """Named actors alive and placement-group states, asked of the cluster by a fresh driver."""
+    script = (
+        "import json, ray\n"
+        f"ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False)\n"
+        "from ray.util.placement_group import placement_group_table\n"
+        "actors = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]\n"
+        "groups = {g['name']: g['state'] for g in placement_group_table().values()}\n"
+        "print(json.dumps({'actors': actors, 'groups': groups}))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_two_servers_and_two_ranks_on_a_ray_cluster(
+    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "run"
+    config = ray_config(tiny_model_dir, output)
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config),
+               "--ray.address", ray_cluster]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = output / "run_default"
+
+    trainer = read_metrics(run_dir / "metrics.jsonl", role="trainer")
+    assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))  # each step exactly once
+    orchestrator = read_metrics(run_dir / "metrics.jsonl", role="orchestrator")
+    assert [r["step"] for r in orchestrator] == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):  # the staleness bound held for every rollout
+        for sample in read_batch(run_dir, step).samples:
+            assert max(sample.policy_versions) >= step - 1 - ASYNC_LEVEL
+
+    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
+    assert sorted(roles) == ["infer-0", "infer-1", "orch", "train-0", "train-1"]
+    final_marker = json.loads((run_dir / "broadcasts" / f"step_{STEPS}" / "STABLE").read_text())
+    for server in ("infer-0", "infer-1"):
+        final = roles[server]["final"]
+        assert final["generation_tokens_total"] > 0  # both served rollouts
+        assert final["version"] == STEPS  # and hold the trained weights
+        assert final["fingerprint"] == final_marker["fingerprint"]
+        # on a cluster the servers listen on the node's address, behind an API key
+        assert not roles[server]["url"].startswith("http://127.0.0.1")
+    assert "rank 1 of 2" in (output / "logs" / "train-1.log").read_text()
+    assert (output / "logs" / "infer-1.log").stat().st_size > 0
+
+    state = cluster_state(ray_cluster)
+    names = {record["ray_name"] for record in roles.values()}
+    assert not names & set(state["actors"])  # type: ignore[arg-type]
+    groups = state["groups"]
+    assert isinstance(groups, dict)
+    group = "-".join(roles["orch"]["ray_name"].split("-")[:2])  # asyncrl-<run id>
+    ours = [s for name, s in groups.items() if name == group]
+    assert ours == ["REMOVED"]
+    assert not survivors(str(output))
+
+
+def test_a_killed_inference_actor_stops_the_run_naming_it(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """On a local Ray instance the run starts itself (`ray.address` unset)."""
+    output = tmp_path / "killed"
+    config = ray_config(tiny_model_dir, output, num_cpus=4)
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
+               "--trainer.world_size", "1"]  # fmt: skip
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = output / "run_default" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and read_metrics(metrics, role="trainer")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
+        time.sleep(0.5)
+    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
+    os.kill(roles["infer-1"]["pid"], signal.SIGKILL)  # the actor's worker process
+    try:
+        _, stderr = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    message = stderr.decode()
+    assert "`infer-1`" in message and "died" in message, message[-3000:]
+    assert roles["infer-1"]["ray_name"] in message
+    time.sleep(1)
+    assert not survivors(str(output))  # the other server, trainer and orchestrator were stopped
+
+
+def test_an_unplaceable_request_names_the_bundle(
+    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "unplaceable"
+    config = ray_config(tiny_model_dir, output, placement_timeout=5, trainer={"gpus": 1})
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config),
+               "--ray.address", ray_cluster]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert time.monotonic() - started < 60
+    assert "could not place the run's 5 bundles (PACK) in 5 s" in result.stderr
+    assert "bundle 3 (train-0: CPU 1, GPU 1) fits no node" in result.stderr
+    assert "bundle 4 (train-1: CPU 1, GPU 1) fits no node" in result.stderr
+    assert "CPU 6" in result.stderr  # what the cluster has
+    groups = cluster_state(ray_cluster)["groups"]
+    assert isinstance(groups, dict)
+    assert "PENDING" not in groups.values()  # the request was withdrawn
+
+
+def test_ctrl_c_leaves_no_actor_placement_group_or_process(
+    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "interrupted"
+    config = ray_config(tiny_model_dir, output)
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
+               "--ray.address", ray_cluster, "--trainer.world_size", "1"]  # fmt: skip
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = output / "run_default" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and read_metrics(metrics, role="trainer")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
+        time.sleep(0.5)
+    launcher.send_signal(signal.SIGINT)
+    try:
+        launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130
+    roles = json.loads((output / "logs" / "roles.json").read_text())
+    state = cluster_state(ray_cluster)
+    assert not {r["ray_name"] for r in roles} & set(state["actors"])  # type: ignore[arg-type]
+    group = "-".join(roles[0]["ray_name"].split("-")[:2])
+    assert state["groups"] == {**state["groups"], group: "REMOVED"}  # type: ignore[dict-item]
+    assert not survivors(str(output))

@@ -1,0 +1,47 @@
+"""The Ray actor's own logic, run as a plain object here (Ray only makes it remote): it runs the
+role's real command, hands its log out in pieces, and tells shared storage from node-local."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from asyncrl.launch.role_actor import RoleActor
+
+
+def test_probes_are_seen_only_where_the_directory_is_shared(tmp_path: Path) -> None:
+    first, second = RoleActor("infer-0"), RoleActor("orch")
+    shared = str(tmp_path / "shared")
+    assert first.write_probe(shared, "a1") is None
+    assert second.write_probe(shared, "b2") is None
+    assert first.missing_probes(shared, {"infer-0": "a1", "orch": "b2"}) == []
+    # a node whose `shared` is another directory sees neither file
+    elsewhere = str(tmp_path / "node_local")
+    assert second.missing_probes(elsewhere, {"infer-0": "a1", "orch": "b2"}) == ["infer-0", "orch"]
+    # a stale probe from an earlier run does not count
+    assert first.missing_probes(shared, {"infer-0": "other"}) == ["infer-0"]
+
+
+def test_an_unwritable_run_directory_is_reported(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert "cannot write" in str(RoleActor("orch").write_probe(str(blocker / "probe"), "x"))
+
+
+def test_the_role_runs_its_real_command_and_its_log_comes_out_in_order(tmp_path: Path) -> None:
+    actor = RoleActor("orch")
+    assert actor.poll() is None and actor.read_log(0) == (b"", 0)
+    pid = actor.start("orch", "not_a_key: 1\n", str(tmp_path / "configs" / "orch.yaml"), {},
+                      str(tmp_path))  # fmt: skip
+    assert pid > 0
+    deadline = time.monotonic() + 60
+    while actor.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert actor.poll() == 2  # `asyncrl orch` refuses the config, as it would by hand
+    head, offset = actor.read_log(0)
+    rest, end = actor.read_log(offset)
+    assert rest == b"" and end == offset
+    assert b"not_a_key" in head
+    assert (tmp_path / "configs" / "orch.yaml").read_text() == "not_a_key: 1\n"
+    assert actor.stop() == 2
