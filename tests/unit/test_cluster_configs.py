@@ -12,7 +12,6 @@ from asyncrl.launch.cluster_configs import (
     rank_environment,
     trainer_section,
 )
-from asyncrl.launch.ray import shared_storage_needs
 
 ENDPOINTS = Endpoints(
     servers=[("10.0.0.1", 8001), ("10.0.0.2", 8002), ("fd00::3", 8003)],
@@ -66,17 +65,3 @@ def test_each_rank_gets_what_torchrun_would_set() -> None:
     env = rank_environment(2, 4, ENDPOINTS)
     assert env == {"RANK": "2", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                    "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "29600"}  # fmt: skip
-
-
-def test_shared_storage_is_needed_unless_batches_and_weights_go_over_the_network() -> None:
-    assert len(shared_storage_needs(rl_config())) == 2  # filesystem batches and weights
-    networked = rl_config(
-        orchestrator={"rollout_transport": {"type": "zmq"}},
-        trainer={"weight_broadcast": {"type": "nccl"}},
-    )
-    assert shared_storage_needs(networked) == []
-    with_checkpoints = rl_config(
-        orchestrator={"rollout_transport": {"type": "zmq"}, "ckpt": {"interval": 5}},
-        trainer={"weight_broadcast": {"type": "nccl"}},
-    )
-    assert shared_storage_needs(with_checkpoints) == ["checkpoints (`ckpt.interval`)"]

@@ -45,3 +45,13 @@ def test_the_role_runs_its_real_command_and_its_log_comes_out_in_order(tmp_path:
     assert b"not_a_key" in head
     assert (tmp_path / "configs" / "orch.yaml").read_text() == "not_a_key: 1\n"
     assert actor.stop() == 2
+
+
+def test_ports_asked_together_are_distinct_and_bindable() -> None:
+    import socket
+
+    ports = RoleActor("train-0").free_ports(3)
+    assert len(set(ports)) == 3
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("", port))

@@ -30,7 +30,7 @@ class Slot:
 class Node:
     address: str
     total: dict[str, float]  # what the node has
-    available: dict[str, float]  # what is free now
+    available: dict[str, float] | None = None  # what is free now, where Ray says per node
 
 
 def _resources(cpus: float, gpus: float) -> dict[str, float]:
@@ -109,8 +109,7 @@ def explain_unplaceable(
             "busy or too small for this strategy"
         )
     lines.append(f"  the cluster has {len(nodes)} node(s):")
-    lines += [
-        f"    {node.address}: {_show(node.total)} (free now: {_show(node.available)})"
-        for node in sorted(nodes, key=lambda n: address_key(n.address))
-    ]
+    for node in sorted(nodes, key=lambda n: address_key(n.address)):
+        free = "" if node.available is None else f" (free now: {_show(node.available)})"
+        lines.append(f"    {node.address}: {_show(node.total)}{free}")
     return "\n".join(lines)

@@ -44,6 +44,7 @@ from asyncrl.launch.placement import rank_order as order_ranks
 from asyncrl.launch.processes import tail
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
+from asyncrl.launch.shared_storage import judge_shared_storage
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
@@ -136,7 +137,13 @@ class RayRun:
         self.run_id = secrets.token_hex(3)
         self.placement_group: Any = None
         self.members: list[Member] = []
+        # on a cluster the servers listen on the network: they always require a key
+        self.on_cluster = config.ray.address is not None
         self.api_key = os.environ.get(config.inference.api_key_var) or None
+        if self.on_cluster and self.api_key is None:
+            self.api_key = secrets.token_urlsafe(32)
+            logger.info("rl: the inference servers require a fresh API key (set %s to choose it)",
+                        config.inference.api_key_var)  # fmt: skip
 
     # placement ---------------------------------------------------------------------------------
     def reserve(self) -> None:
@@ -193,16 +200,10 @@ class RayRun:
         self.write_roles()
 
     def nodes(self) -> list[Node]:
-        available = self.ray.available_resources()  # the whole cluster; split per node below
-        nodes = [n for n in self.ray.nodes() if n.get("Alive")]
-        return [
-            Node(
-                n["NodeManagerAddress"],
-                dict(n["Resources"]),
-                available if len(nodes) == 1 else {},
-            )
-            for n in nodes
-        ]
+        """The live nodes; what is free now is known per node only on a one-node cluster."""
+        alive = [n for n in self.ray.nodes() if n.get("Alive")]
+        free = self.ray.available_resources() if len(alive) == 1 else None
+        return [Node(n["NodeManagerAddress"], dict(n["Resources"]), free) for n in alive]
 
     def assign_ranks(self) -> None:
         """Ranks by node address, then device: the same cluster gives the same ranks."""
@@ -239,68 +240,42 @@ class RayRun:
         self.write_roles()
 
     def endpoints(self) -> Endpoints:
-        """Where each role listens: loopback on a local instance, the node's address on a cluster
-        (then the servers need an API key: a fresh one unless the user's environment has one)."""
-        on_cluster = self.config.ray.address is not None
-        if on_cluster and self.api_key is None:
-            self.api_key = secrets.token_urlsafe(32)
-            logger.info(
-                "rl: the inference servers listen on the cluster network; they require a fresh "
-                "API key (set %s to choose it)", self.config.inference.api_key_var,
-            )  # fmt: skip
+        """Where each role listens: loopback on a local instance, the node's address on a
+        cluster, on ports free on that node."""
 
         def host(member: Member) -> str:
-            return str(member.place["address"]) if on_cluster else LOOPBACK
+            return str(member.place["address"]) if self.on_cluster else LOOPBACK
 
         servers = self.of("infer")
-        ports = self.call_all(servers, lambda m: m.actor.free_port.remote())
+        ports = self.call_all(servers, lambda m: m.actor.free_ports.remote(1))
         orchestrator = self.of("orch")[0]
         rank0 = next(m for m in self.of("train") if m.rank == 0)
         zmq = self.config.orchestrator.rollout_transport.type == "zmq"
+        rollout_port = self.ray.get(orchestrator.actor.free_ports.remote(1))[0] if zmq else None
+        master_port, broadcast_port = self.ray.get(rank0.actor.free_ports.remote(2))
         nccl = self.config.trainer.weight_broadcast.type == "nccl"
         return Endpoints(
-            servers=[(host(m), ports[m.label]) for m in servers],
+            servers=[(host(m), ports[m.label][0]) for m in servers],
             orchestrator_host=host(orchestrator),
-            rollout_port=self.ray.get(orchestrator.actor.free_port.remote()) if zmq else None,
+            rollout_port=rollout_port,
             trainer_host=host(rank0),
-            master_port=self.ray.get(rank0.actor.free_port.remote()),
-            broadcast_port=self.ray.get(rank0.actor.free_port.remote()) if nccl else None,
+            master_port=master_port,
+            broadcast_port=broadcast_port if nccl else None,
         )
 
     def check_shared_storage(self) -> None:
         """Every actor writes a probe into the run directory and looks for everyone else's."""
-        needs = shared_storage_needs(self.config)
         probe_dir = str(self.output / ".cluster_probe" / self.run_id)
         tokens = {m.label: secrets.token_hex(8) for m in self.members}
-        errors = self.call_all(
+        write_errors = self.call_all(
             self.members, lambda m: m.actor.write_probe.remote(probe_dir, tokens[m.label])
         )
         unseen = self.call_all(
             self.members, lambda m: m.actor.missing_probes.remote(probe_dir, tokens)
         )
-        problems = [error for error in errors.values() if error]
-        problems += [
-            f"{label} does not see what {', '.join(missing)} wrote"
-            for label, missing in unseen.items()
-            if missing
-        ]
         for label in tokens:
             Path(probe_dir, label).unlink(missing_ok=True)
-        if not problems:
-            return
-        message = (
-            f"the run directory {self.output} is not one shared directory for every actor: "
-            + "; ".join(problems)
-        )
-        if needs:
-            raise RoleFailed(
-                f"{message}. It must be, for {', '.join(needs)}: put `output_dir` on storage "
-                "every node mounts at the same path (NFS, a cluster file system), or use "
-                "`rollout_transport.type: zmq` and `weight_broadcast.type: nccl` without "
-                "checkpoints"
-            )
-        logger.warning("rl: %s (fine for this config: batches and weights go over the network)",
-                       message)  # fmt: skip
+        judge_shared_storage(self.config, self.output, write_errors, unseen)
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
         config_path = str(self.output / "configs" / f"{member.label}.yaml")
@@ -435,15 +410,3 @@ class RayRun:
                 self.ray.kill(member.actor)
             if self.placement_group is not None:
                 remove_placement_group(self.placement_group)
-
-
-def shared_storage_needs(config: RLConfig) -> list[str]:
-    """What in this config reads, on one node, files another node wrote."""
-    needs = []
-    if config.orchestrator.rollout_transport.type == "filesystem":
-        needs.append("`rollout_transport.type: filesystem` (batches)")
-    if config.trainer.weight_broadcast.type == "filesystem":
-        needs.append("`weight_broadcast.type: filesystem` (weights)")
-    if config.orchestrator.ckpt.interval is not None:
-        needs.append("checkpoints (`ckpt.interval`)")
-    return needs

@@ -43,11 +43,16 @@ class RoleActor:
             "pid": os.getpid(),
         }
 
-    def free_port(self) -> int:
-        """A port free on this node now (the role binds it a moment later)."""
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return int(sock.getsockname()[1])
+    def free_ports(self, count: int) -> list[int]:
+        """`count` distinct ports free on this node now (a role binds each a moment later)."""
+        sockets = [socket.socket() for _ in range(count)]
+        try:
+            for sock in sockets:
+                sock.bind(("", 0))
+            return [int(sock.getsockname()[1]) for sock in sockets]
+        finally:
+            for sock in sockets:
+                sock.close()
 
     def write_probe(self, directory: str, token: str) -> str | None:
         """Leave `token` in `directory/<label>`; the reason if this node cannot write there."""

@@ -77,6 +77,17 @@ def cluster_state(address: str) -> dict[str, object]:
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
+def start_until_first_step(command: list[str], output: Path) -> subprocess.Popen[bytes]:
+    """Start `asyncrl rl` and return once the trainer has logged a step."""
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = output / "run_default" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and read_metrics(metrics, role="trainer")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
+        time.sleep(0.5)
+    return launcher
+
+
 def test_two_servers_and_two_ranks_on_a_ray_cluster(
     ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -120,6 +131,33 @@ def test_two_servers_and_two_ranks_on_a_ray_cluster(
     assert not survivors(str(output))
 
 
+def test_batches_and_weights_over_the_network_reach_both_servers(
+    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """zmq batches and NCCL (gloo) weights: the servers join rank 0's weight group as ranks 1
+    and 2, at the addresses the actors reported; no batch or weight file is written."""
+    output = tmp_path / "networked"
+    config = ray_config(tiny_model_dir, output)
+    steps = 3
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--ray.address",
+               ray_cluster, "--max_steps", str(steps), "--trainer.world_size", "1",
+               "--orchestrator.rollout_transport.type", "zmq",
+               "--trainer.weight_broadcast.type", "nccl"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    run_dir = output / "run_default"
+    assert not (run_dir / "rollouts").exists()
+    assert [p.name for p in (run_dir / "broadcasts" / f"step_{steps}").iterdir()] == ["STABLE"]
+    trainer = read_metrics(run_dir / "metrics.jsonl", role="trainer")
+    assert [r["step"] for r in trainer] == list(range(1, steps + 1))
+    marker = json.loads((run_dir / "broadcasts" / f"step_{steps}" / "STABLE").read_text())
+    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
+    for server in ("infer-0", "infer-1"):
+        assert roles[server]["final"]["version"] == steps
+        assert roles[server]["final"]["fingerprint"] == marker["fingerprint"]
+    assert not survivors(str(output))
+
+
 def test_a_killed_inference_actor_stops_the_run_naming_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
@@ -128,12 +166,7 @@ def test_a_killed_inference_actor_stops_the_run_naming_it(
     config = ray_config(tiny_model_dir, output, num_cpus=4)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
                "--trainer.world_size", "1"]  # fmt: skip
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    metrics = output / "run_default" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and read_metrics(metrics, role="trainer")):
-        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
-        time.sleep(0.5)
+    launcher = start_until_first_step(command, output)
     roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
     os.kill(roles["infer-1"]["pid"], signal.SIGKILL)  # the actor's worker process
     try:
@@ -175,12 +208,7 @@ def test_ctrl_c_leaves_no_actor_placement_group_or_process(
     config = ray_config(tiny_model_dir, output)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
                "--ray.address", ray_cluster, "--trainer.world_size", "1"]  # fmt: skip
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    metrics = output / "run_default" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while not (metrics.exists() and read_metrics(metrics, role="trainer")):
-        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
-        time.sleep(0.5)
+    launcher = start_until_first_step(command, output)
     launcher.send_signal(signal.SIGINT)
     try:
         launcher.communicate(timeout=120)
