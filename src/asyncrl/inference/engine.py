@@ -88,6 +88,8 @@ class Engine:
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
         self.max_num_batched_tokens = max(max_num_batched_tokens, max_model_len)
+        self.device = next(model.parameters()).device  # every tensor the engine makes goes here
+        self._no_history = torch.zeros(0, dtype=torch.long, device=self.device)
         config = model.config
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -99,6 +101,7 @@ class Engine:
             max_len=max_model_len,
             head_dim=head_dim,
             dtype=next(model.parameters()).dtype,
+            device=self.device,
         )
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
@@ -125,7 +128,7 @@ class Engine:
         for index in range(n):
             generator = None
             if params.seed is not None and not params.greedy:
-                generator = torch.Generator().manual_seed(params.seed + index)
+                generator = torch.Generator(self.device).manual_seed(params.seed + index)
             request.sequences.append(Sequence(request, index, generator))
         with self._condition:
             if self._paused or self._draining:
@@ -274,19 +277,21 @@ class Engine:
             starts = [s.cached_len for s in sequences]
         self.cache.prepare([s.slot for s in sequences], starts, width)  # type: ignore[misc]
         logits = self.model(
-            input_ids=torch.tensor(rows),
+            input_ids=torch.tensor(rows, device=self.device),
             position_ids=self.cache.position_ids(),
             attention_mask=self.cache.attention_mask(),
             past_key_values=self.cache,
             use_cache=True,
         ).logits  # [rows, width, vocab]
-        last = torch.tensor(lengths) - 1
-        step_logits = logits[torch.arange(len(sequences)), last]  # [rows, vocab]
+        last = torch.tensor(lengths, device=self.device) - 1
+        step_logits = logits[torch.arange(len(sequences), device=self.device), last]
         views = (
             [
                 SequenceView(
                     params=s.request.params,
-                    token_history=torch.tensor(s.request.prompt_ids + s.output_ids),
+                    token_history=torch.tensor(
+                        s.request.prompt_ids + s.output_ids, device=self.device
+                    ),
                     num_generated=len(s.output_ids),
                     generator=s.generator,
                 )
@@ -294,7 +299,7 @@ class Engine:
             ]
             if any(s.request.params.repetition_penalty != 1.0 for s in sequences)
             else [
-                SequenceView(s.request.params, _EMPTY, len(s.output_ids), s.generator)
+                SequenceView(s.request.params, self._no_history, len(s.output_ids), s.generator)
                 for s in sequences
             ]
         )
@@ -357,9 +362,6 @@ class Engine:
         if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
             request.done.set_result([_output(s) for s in request.sequences])
         self._condition.notify_all()
-
-
-_EMPTY = torch.zeros(0, dtype=torch.long)
 
 
 def _output(sequence: Sequence) -> CompletionOutput:

@@ -28,14 +28,15 @@ class SlotKVCache:
         device: torch.device | str = "cpu",
     ) -> None:
         shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.device = torch.device(device)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.num_slots = num_slots
         self.max_len = max_len
         self.free_slots = list(range(num_slots - 1, -1, -1))
         # set by `prepare` before each forward pass
-        self._slots = torch.zeros(0, dtype=torch.long)
-        self._starts = torch.zeros(0, dtype=torch.long)
+        self._slots = torch.zeros(0, dtype=torch.long, device=self.device)
+        self._starts = torch.zeros(0, dtype=torch.long, device=self.device)
         self._kv_len = 0
         self._contiguous: slice | None = None
 
@@ -55,8 +56,8 @@ class SlotKVCache:
     # one forward pass ---------------------------------------------------------------------------
     def prepare(self, slots: list[int], starts: list[int], num_new: int) -> None:
         """The next forward writes `num_new` tokens per row at positions starts[i].. of slots[i]."""
-        self._slots = torch.tensor(slots, dtype=torch.long)
-        self._starts = torch.tensor(starts, dtype=torch.long)
+        self._slots = torch.tensor(slots, dtype=torch.long, device=self.device)
+        self._starts = torch.tensor(starts, dtype=torch.long, device=self.device)
         self._num_new = num_new
         self._kv_len = max(starts) + num_new
         if self._kv_len > self.max_len:
@@ -70,12 +71,12 @@ class SlotKVCache:
     def attention_mask(self) -> torch.Tensor:
         """[rows, 1, num_new, kv_len] bool: query j of row i (at position starts[i]+j) sees keys
         at positions <= starts[i]+j. Keys beyond belong to other sequences' past or are unused."""
-        query_positions = self._starts.unsqueeze(1) + torch.arange(self._num_new)  # [rows, new]
-        key_positions = torch.arange(self._kv_len)
+        query_positions = self.position_ids()  # [rows, new]
+        key_positions = torch.arange(self._kv_len, device=self.device)
         return (key_positions.view(1, 1, -1) <= query_positions.unsqueeze(-1)).unsqueeze(1)
 
     def position_ids(self) -> torch.Tensor:
-        return self._starts.unsqueeze(1) + torch.arange(self._num_new)  # [rows, new]
+        return self._starts.unsqueeze(1) + torch.arange(self._num_new, device=self.device)
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object

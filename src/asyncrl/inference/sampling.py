@@ -60,7 +60,8 @@ def process_logits(
             banned = [*eos_token_ids, *params.stop_token_ids]
             logits[row, banned] = float("-inf")
     temperatures = torch.tensor(
-        [s.params.temperature if not s.params.greedy else 1.0 for s in sequences]
+        [s.params.temperature if not s.params.greedy else 1.0 for s in sequences],
+        device=logits.device,
     ).unsqueeze(1)
     logits = logits / temperatures
     if any(_truncates(s.params) for s in sequences):
@@ -75,10 +76,13 @@ def _truncates(params: SamplingParams) -> bool:
 def _truncate(logits: torch.Tensor, sequences: list[SequenceView]) -> torch.Tensor:
     """Top-k then top-p (nucleus) per row; removed tokens get -inf."""
     vocab = logits.shape[-1]
-    top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in sequences])
-    top_p = torch.tensor([s.params.top_p for s in sequences]).unsqueeze(1)
+    device = logits.device
+    top_k = torch.tensor(
+        [s.params.top_k if s.params.top_k > 0 else vocab for s in sequences], device=device
+    )
+    top_p = torch.tensor([s.params.top_p for s in sequences], device=device).unsqueeze(1)
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    ranks = torch.arange(vocab).unsqueeze(0)
+    ranks = torch.arange(vocab, device=device).unsqueeze(0)
     remove = ranks >= top_k.unsqueeze(1)
     probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs  # probability of strictly better tokens

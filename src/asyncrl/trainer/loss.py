@@ -74,7 +74,7 @@ def sequence_weights(
 
 
 def _segment_sum(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:
-    return torch.zeros(count, dtype=values.dtype).index_add(0, ids, values)
+    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, ids, values)
 
 
 def _segment_mean(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:
@@ -102,12 +102,12 @@ def masked_is_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
     ratio = torch.exp(log_ratio)
     keep = (ratio >= config.token_mask_low) & (ratio <= config.token_mask_high)
     geometric = torch.exp(_segment_mean(log_ratio, ids, count))
-    lowest = torch.full((count,), float("inf"), dtype=ratio.dtype).scatter_reduce(
-        0, ids, ratio, "amin"
-    )
-    highest = torch.full((count,), float("-inf"), dtype=ratio.dtype).scatter_reduce(
-        0, ids, ratio, "amax"
-    )
+    lowest = torch.full(
+        (count,), float("inf"), dtype=ratio.dtype, device=ratio.device
+    ).scatter_reduce(0, ids, ratio, "amin")
+    highest = torch.full(
+        (count,), float("-inf"), dtype=ratio.dtype, device=ratio.device
+    ).scatter_reduce(0, ids, ratio, "amax")
     keep_sequence = (
         (geometric >= config.geo_mask_low)
         & (geometric <= config.geo_mask_high)
