@@ -49,3 +49,6 @@ class TrainingSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class TrainingBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     step: int
     samples: list[TrainingSample]
+    # the generation budget (`sampling.max_tokens`) the completions were sampled with, when
+    # there was one: dr_grpo normalises by it
+    max_tokens: int | None = None

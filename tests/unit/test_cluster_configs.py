@@ -49,7 +49,7 @@ def test_zmq_batches_go_to_the_orchestrators_node() -> None:
 
 
 def test_nccl_broadcast_gives_each_server_its_rank_in_the_weight_group() -> None:
-    config = rl_config(trainer={"weight_broadcast": {"type": "nccl"}})
+    config = rl_config(trainer={"lora": False, "weight_broadcast": {"type": "nccl"}})
     trainer = trainer_section(config, ENDPOINTS)
     assert (trainer.weight_broadcast.host, trainer.weight_broadcast.port) == ("10.0.0.5", 29700)
     assert trainer.weight_broadcast.inference_world_size == 3

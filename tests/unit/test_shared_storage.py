@@ -18,7 +18,7 @@ def rl_config(**sections: Any) -> RLConfig:
 
 
 NETWORKED = {"orchestrator": {"rollout_transport": {"type": "zmq"}},
-             "trainer": {"weight_broadcast": {"type": "nccl"}}}  # fmt: skip
+             "trainer": {"lora": False, "weight_broadcast": {"type": "nccl"}}}  # fmt: skip
 
 
 def test_shared_storage_is_needed_unless_batches_and_weights_go_over_the_network() -> None:
@@ -27,7 +27,7 @@ def test_shared_storage_is_needed_unless_batches_and_weights_go_over_the_network
     assert shared_storage_needs(networked) == []
     with_checkpoints = rl_config(
         orchestrator={"rollout_transport": {"type": "zmq"}, "ckpt": {"interval": 5}},
-        trainer={"weight_broadcast": {"type": "nccl"}},
+        trainer={"lora": False, "weight_broadcast": {"type": "nccl"}},
     )
     assert shared_storage_needs(with_checkpoints) == ["checkpoints (`ckpt.interval`)"]
 

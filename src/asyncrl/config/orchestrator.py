@@ -246,6 +246,14 @@ class OrchestratorConfig(StrictModel):
     )
 
     @model_validator(mode="after")
+    def _runnable(self) -> OrchestratorConfig:
+        if self.model.name is None:
+            raise ValueError("`model.name` is required (the model the servers serve)")
+        if self.sampling.temp_scheduler is not None and self.max_steps is None:
+            raise ValueError("`sampling.temp_scheduler` needs `max_steps`")
+        return self
+
+    @model_validator(mode="after")
     def _batch_holds_whole_groups(self) -> OrchestratorConfig:
         if self.batch_size % self.rollouts_per_example:
             raise ValueError(

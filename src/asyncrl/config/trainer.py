@@ -6,9 +6,16 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import StrictModel
+from asyncrl.config.base import StrictModel, planned
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+# GSPO's ratio is a per-sequence geometric mean, far closer to 1 than token ratios: the paper
+# clips it at 1 - 3e-4 and 1 + 4e-4 (the token losses' 0.2 would almost never clip)
+GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 
 
 class LossConfig(StrictModel):
@@ -22,9 +29,10 @@ class LossConfig(StrictModel):
     )
     kl_tau: float = Field(0.0, ge=0, description="KL penalty coefficient (masked_is).")
     adv_tau: float = Field(1.0, ge=0, description="Advantage scaling factor (masked_is).")
-    teacher_tau: float = Field(
-        0.0, ge=0, description="Teacher KL distillation coefficient (needs teacher logprobs)."
-    )
+    teacher_tau: float = planned(
+        0.0, "Teacher KL distillation coefficient (needs teacher logprobs).",
+        feature="teacher logprobs", ge=0,
+    )  # fmt: skip
     token_mask_low: float = Field(0.125, ge=0, description="Mask tokens with ratio below this.")
     token_mask_high: float = Field(8.0, gt=0, description="Mask tokens with ratio above this.")
     geo_mask_low: float = Field(
@@ -42,14 +50,57 @@ class LossConfig(StrictModel):
     sequence_clip_high: float = Field(
         10.0, gt=0, description="Clip the sequence-level importance ratio."
     )
-    epsilon: float = Field(0.2, gt=0, description="PPO clip range (grpo_clip, dapo, gspo).")
+    epsilon: float = Field(
+        0.2,
+        gt=0,
+        description="Clip range ε of the ratio: [1-ε, 1+ε_high] (grpo_clip, dapo, dr_grpo, gspo; "
+        "cispo uses the upper bound only). GSPO's default is 3e-4, for a sequence-level ratio.",
+    )
     epsilon_high: float | None = Field(
-        None, gt=0, description="Upper clip range for clip-higher (null = epsilon)."
+        None,
+        gt=0,
+        description="Upper clip range for clip-higher (null = epsilon; GSPO's default 4e-4).",
     )
-    beta: float = Field(0.0, ge=0, description="KL-to-reference coefficient (grpo_clip).")
+    beta: float = Field(
+        0.0,
+        ge=0,
+        description="Coefficient of the KL to a reference model, added to every loss but "
+        "masked_is (whose KL term is `kl_tau`, toward the inference policy).",
+    )
     kl_estimator: Literal["k1", "k2", "k3"] = Field(
-        "k3", description="Estimator of KL to the reference model."
+        "k3",
+        description="Per-token KL estimate added as β·KL, r = π_ref/π: k1 = -log r (its "
+        "gradient is zero in expectation: no pull at all), k2 = ½(log r)² (gradient of "
+        "KL(π‖π_ref)), k3 = r - 1 - log r (gradient of KL(π_ref‖π)).",
     )
+    dr_grpo_length: Literal["max_tokens", "longest"] = Field(
+        "max_tokens",
+        description="(dr_grpo) L in the constant normaliser 1/(sequences · L): `max_tokens` = "
+        "the generation budget (`sampling.max_tokens`, as the paper and TRL; the longest "
+        "completion when unset), `longest` = the longest completion of the step (moves the step "
+        "size with the batch).",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gspo_clip_range(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("type") == "gspo":
+            data = {"epsilon": GSPO_EPSILON, "epsilon_high": GSPO_EPSILON_HIGH, **data}
+        return data
+
+    @model_validator(mode="after")
+    def _terms_fit_the_loss(self) -> LossConfig:
+        if self.beta > 0 and self.type == "masked_is":
+            raise ValueError(
+                "`beta` (KL to a reference model) applies to every loss but masked_is, which "
+                "uses `kl_tau` (KL to the inference policy)"
+            )
+        if self.beta > 0 and self.kl_estimator == "k1":
+            logger.warning(
+                "loss: `kl_estimator: k1` as a loss term has a gradient of zero in expectation, "
+                "so `beta` %g pulls nowhere; k3 (the default) or k2 do", self.beta,
+            )  # fmt: skip
+        return self
 
 
 class TrainerConfig(TrainingConfig):
@@ -147,6 +198,18 @@ class TrainerConfig(TrainingConfig):
                 f"`rollout_transport.type` ({self.rollout_transport.type})"
             )
         self.rollout_transport.type = self.transport_type
+        return self
+
+    @model_validator(mode="after")
+    def _lora_fits(self) -> TrainerConfig:
+        if self.weight_broadcast.type == "nccl" and self.lora:
+            raise ValueError(
+                "`weight_broadcast.type: nccl` sends full weights; with LoRA use `filesystem`"
+            )
+        if self.sync_ref_model and self.lora:
+            raise ValueError(
+                "`sync_ref_model` with LoRA is not supported (the base is the reference)"
+            )
         return self
 
     @model_validator(mode="after")

@@ -27,7 +27,6 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
-from asyncrl.config.base import ConfigError
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardPool
@@ -53,7 +52,6 @@ STATE = "state.json"
 
 
 def run_orchestrator(config: OrchestratorConfig) -> None:
-    check_supported(config)
     asyncio.run(Orchestrator(config).run())
 
 
@@ -64,8 +62,7 @@ class Orchestrator:
         self.envs = [load_environment(env.id, env.args) for env in config.env]
         self.env_names = [env.name or env.id for env in config.env]
         model = config.model.name
-        if model is None:
-            raise ConfigError("`model.name` is required (the model the servers serve)")
+        assert model is not None  # the config refuses a missing model.name
         self.model_name = model
         self.request_model = model  # becomes the adapter name once a LoRA broadcast is loaded
         tokenizer = AutoTokenizer.from_pretrained(model)
@@ -110,7 +107,8 @@ class Orchestrator:
                 if batch is None:
                     continue
                 groups, drops = batch
-                sender.send(TrainingBatch(step, [s for g in groups for s in g.samples]))
+                samples = [s for g in groups for s in g.samples]
+                sender.send(TrainingBatch(step, samples, config.sampling.max_tokens))
                 now = time.monotonic()
                 temperature = temperature_at(step, config.max_steps, config.sampling)
                 self.metrics.log(
@@ -247,10 +245,3 @@ def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     return render
-
-
-def check_supported(config: OrchestratorConfig) -> None:
-    """Everything the orchestrator's config can ask for is built; kept as the place to refuse
-    combinations that cannot work."""
-    if config.sampling.temp_scheduler is not None and config.max_steps is None:
-        raise ConfigError("`sampling.temp_scheduler` needs `max_steps`")

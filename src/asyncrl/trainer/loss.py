@@ -8,7 +8,10 @@ never a mean of means:
 
 - token mean (masked_is, dapo, cispo): w_t = 1 / (loss tokens in the step)
 - sequence mean (grpo_clip, gspo): w_t = 1 / (|o_i| · sequences in the step)
-- constant (dr_grpo): w_t = 1 / (sequences in the step · longest completion in the step)
+- constant (dr_grpo): w_t = 1 / (sequences in the step · L). L is the generation budget
+  (`sampling.max_tokens`, carried in the batch), as in the Dr. GRPO paper and TRL, so the step
+  size does not move with the batch; with `loss.dr_grpo_length: longest`, or when the batch
+  has no budget, L is the longest completion (loss tokens) of the step
 
 Formulas (lp = trainer logprob, lp_inf = inference logprob, r = exp(lp − lp_inf), A = advantage):
 
@@ -61,16 +64,17 @@ class LossOutput:
 
 
 def sequence_weights(
-    kind: str, lengths: torch.Tensor, total_tokens: int, total_sequences: int, longest: int
+    kind: str, lengths: torch.Tensor, total_tokens: int, total_sequences: int, length: int
 ) -> torch.Tensor:
     """[S] normalisation weight of every token of each sequence (`lengths`: [S] loss tokens),
-    from totals over the whole optimizer step. Index it with `sequence_ids` to get [T]. A step
-    with nothing to train has totals of 0 and no tokens to weigh: guarded, not divided by."""
+    from totals over the whole optimizer step; `length` is dr_grpo's L. Index it with
+    `sequence_ids` to get [T]. A step with nothing to train has totals of 0 and no tokens to
+    weigh: guarded, not divided by."""
     if kind == "token":
         return torch.full(lengths.shape, 1.0 / max(total_tokens, 1), dtype=torch.float64)
     if kind == "sequence":
         return 1.0 / (lengths.double() * max(total_sequences, 1))
-    return torch.full(lengths.shape, 1.0 / max(total_sequences * longest, 1), dtype=torch.float64)
+    return torch.full(lengths.shape, 1.0 / max(total_sequences * length, 1), dtype=torch.float64)
 
 
 def _segment_sum(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:

@@ -58,11 +58,13 @@ def build_micro_batches(
     packing: bool = True,
     only: list[int] | None = None,
     min_micro_batches: int = 1,
+    length_budget: int | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches of the samples `only` names (this rank's share; all when None), each
     token weighted by totals over the *whole* batch, so that the ranks' losses add up to the
     loss one process would compute on the whole batch. The rows are spread over at least
-    `min_micro_batches` passes (gradient accumulation), fewer rows per pass if need be."""
+    `min_micro_batches` passes (gradient accumulation), fewer rows per pass if need be.
+    `length_budget`: dr_grpo's L (see `loss.py`); None = the longest completion of the batch."""
     samples = [_as_sample(s) for s in batch.samples]
     lengths = [len(s.input_ids) for s in samples]
     too_long = [i for i, n in enumerate(lengths) if n > sequence_len]
@@ -73,7 +75,7 @@ def build_micro_batches(
         )
     loss_counts = [sum(s.completion_mask) for s in batch.samples]
     trained = [n for n in loss_counts if n > 0]
-    totals = (sum(trained), len(trained), max(trained, default=1))
+    totals = (sum(trained), len(trained), length_budget or max(trained, default=1))
     chosen = list(range(len(samples))) if only is None else list(only)
     if packing:
         packed = first_fit_decreasing([lengths[i] for i in chosen], sequence_len)

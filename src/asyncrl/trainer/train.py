@@ -22,7 +22,6 @@ import torch
 from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune, resolve_resume_step
-from asyncrl.config.base import ConfigError
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
@@ -58,7 +57,6 @@ logger = get_logger(__name__)
 
 
 def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> None:
-    check_supported(config)
     ranks = init_ranks(config.world_size, config.distributed_timeout)
     try:
         train_loop(config, ranks, batch_timeout)
@@ -152,6 +150,7 @@ def this_ranks_micro_batches(
         packing=config.sample_packing,
         only=only,
         min_micro_batches=config.gradient_accumulation_steps,
+        length_budget=batch.max_tokens if config.loss.dr_grpo_length == "max_tokens" else None,
     )
 
 
@@ -316,22 +315,6 @@ def zero_weight_pass(model: torch.nn.Module, config: TrainerConfig, device: torc
     with precision_context(config.recipe, device):
         logprobs = completion_logprobs(model, dummy).logprobs
     (logprobs.sum() * 0.0).backward()
-
-
-def check_supported(config: TrainerConfig) -> None:
-    if config.loss.teacher_tau > 0:
-        raise ConfigError("`loss.teacher_tau` is not supported yet (teacher logprobs)")
-    if config.loss.beta > 0 and config.loss.type == "masked_is":
-        raise ConfigError(
-            "`loss.beta` (KL to a reference model) applies to the clipped losses; masked_is "
-            "uses `loss.kl_tau` (KL to the inference policy)"
-        )
-    if config.weight_broadcast.type == "nccl" and config.lora:
-        raise ConfigError(
-            "`weight_broadcast.type: nccl` sends full weights; with LoRA use `filesystem`"
-        )
-    if config.sync_ref_model and config.lora:
-        raise ConfigError("`sync_ref_model` with LoRA is not supported (the base is the reference)")
 
 
 def build_reference(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module | None:

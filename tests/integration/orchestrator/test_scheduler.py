@@ -68,6 +68,7 @@ def test_no_sample_violates_max_async_level_or_max_off_policy_steps(
     for step in range(1, STEPS + 1):
         batch = read_batch(run_dir, step)
         assert len(batch.samples) == 8
+        assert batch.max_tokens == 24  # the budget dr_grpo normalises by
         for sample in batch.samples:
             assert max(sample.policy_versions) >= step - 1 - k  # max_async_level
             assert min(sample.policy_versions) >= step - 1 - off_policy  # max_off_policy_steps

@@ -54,7 +54,10 @@ def test_missing_required_key_is_named() -> None:
 
 
 def test_cross_field_rule_names_both_fields() -> None:
-    message = error_of(OrchestratorConfig, ["--batch_size", "10", "--rollouts_per_example", "4"])
+    message = error_of(
+        OrchestratorConfig,
+        ["--model.name", "m", "--batch_size", "10", "--rollouts_per_example", "4"],
+    )
     assert "`batch_size` (10) must be a multiple of `rollouts_per_example` (4)" in message
 
 
@@ -81,7 +84,9 @@ def test_nccl_weight_broadcast_is_refused_for_vllm() -> None:
 
 
 def test_planned_key_inside_a_list_item_names_the_index() -> None:
-    message = error_of(OrchestratorConfig, ["--env", "[{id: a}, {id: b, address: 'h:1'}]"])
+    message = error_of(
+        OrchestratorConfig, ["--model.name", "m", "--env", "[{id: a}, {id: b, address: 'h:1'}]"]
+    )
     assert "`env[1].address` is not supported yet" in message
 
 

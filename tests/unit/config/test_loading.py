@@ -78,7 +78,9 @@ def test_deep_merge_replaces_lists_whole() -> None:
 def test_api_key_is_read_from_the_named_environment_variable(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = load_config(OrchestratorConfig, [], ["--client.api_key_var", "MY_KEY"])
+    config = load_config(
+        OrchestratorConfig, [], ["--model.name", "m", "--client.api_key_var", "MY_KEY"]
+    )
     monkeypatch.delenv("MY_KEY", raising=False)
     assert config.client.api_key() is None
     monkeypatch.setenv("MY_KEY", "s3cret")

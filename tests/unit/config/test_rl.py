@@ -114,6 +114,9 @@ def test_roles_are_connected_to_each_other() -> None:
 
 
 def test_nccl_broadcast_on_the_trainer_switches_the_server_to_receive_it() -> None:
-    config = rl("--model", "m", "--trainer.weight_broadcast", "{type: nccl, port: 29600}")
+    config = rl(
+        "--model", "m", "--trainer.lora", "false",
+        "--trainer.weight_broadcast", "{type: nccl, port: 29600}",
+    )  # fmt: skip
     assert config.inference.weight_broadcast_type == "nccl"
     assert config.inference.weight_broadcast_port == 29600

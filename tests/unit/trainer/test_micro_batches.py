@@ -113,3 +113,31 @@ def test_gradient_accumulation_spreads_rows_over_more_passes() -> None:
     assert len(spread) == 3  # three rows of ≤ 8 tokens, one per pass
     whole = build_micro_batches(BATCH, 8, 4, 0, "token")
     assert _weights_by_token(spread) == _weights_by_token(whole)
+
+
+def dr_grpo_weights(batch: TrainingBatch, length: str) -> list[float]:
+    """Each trained token's weight, as the trainer builds them for a dr_grpo step."""
+    from asyncrl.config.trainer import TrainerConfig
+    from asyncrl.trainer.parallel import SINGLE_PROCESS
+    from asyncrl.trainer.train import this_ranks_micro_batches
+
+    config = TrainerConfig(model="m", sequence_len=8, per_device_train_batch_size=8,
+                           loss={"type": "dr_grpo", "dr_grpo_length": length})  # fmt: skip
+    micro_batches = this_ranks_micro_batches(batch, config, SINGLE_PROCESS, pad_token_id=0)
+    return [w for mb in micro_batches for w in mb.token_weights.tolist()]
+
+
+def test_dr_grpo_divides_by_the_generation_budget_the_batch_carries() -> None:
+    with_budget = TrainingBatch(BATCH.step, BATCH.samples, max_tokens=16)
+    # 3 trained sequences × the budget of 16 tokens, not × the longest completion (4)
+    assert dr_grpo_weights(with_budget, "max_tokens") == pytest.approx([1 / 48] * 8)
+    assert dr_grpo_weights(with_budget, "longest") == pytest.approx([1 / 12] * 8)
+    assert dr_grpo_weights(BATCH, "max_tokens") == pytest.approx([1 / 12] * 8)  # no budget known
+
+
+def test_dr_grpo_step_size_does_not_move_with_the_other_completions() -> None:
+    first = make([1], [10, 11], [True] * 2, 1.0)
+    short = TrainingBatch(1, [first, make([2], [20], [True], 2.0)], max_tokens=6)
+    long = TrainingBatch(1, [first, make([2], [20, 21, 22, 23, 24], [True] * 5, 2.0)], max_tokens=6)
+    assert dr_grpo_weights(short, "max_tokens")[0] == dr_grpo_weights(long, "max_tokens")[0]
+    assert dr_grpo_weights(short, "longest")[0] != dr_grpo_weights(long, "longest")[0]
