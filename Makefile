@@ -7,7 +7,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup ray vllm bench-setup demo test lint format
+.PHONY: setup ray vllm bench-setup demo test test-fast lint format
 
 setup: $(STAMP)
 
@@ -49,6 +49,10 @@ demo: setup
 # every test, the engine contract suite against real vLLM included (no skip allowed)
 test: setup ray vllm lint
 	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
+
+# the edit-test loop: lint and the unit tests (no vLLM, no Ray, no server start-ups), under 2 min
+test-fast: setup lint
+	$(BIN)/python -m pytest tests/unit -q
 
 lint: setup
 	$(BIN)/ruff check .
