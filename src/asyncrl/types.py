@@ -8,7 +8,13 @@ max_async_level (max_async_level 0 is fully on-policy).
 
 from __future__ import annotations
 
+from typing import Literal
+
 import msgspec
+
+# how generation yields to a weight update (`/pause?mode=`), the same words on every engine:
+# abort requests in flight, wait for them to finish, or keep them frozen until resumed
+PauseMode = Literal["abort", "wait", "keep"]
 
 
 class TrainingSample(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

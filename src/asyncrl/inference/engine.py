@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -24,10 +24,9 @@ from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.sampling import SamplingParams, SequenceView, sample
 from asyncrl.log import get_logger
+from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
-
-PauseMode = Literal["abort", "wait", "keep"]
 
 
 @dataclass

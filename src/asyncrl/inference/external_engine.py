@@ -22,9 +22,8 @@ from types import FrameType
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.dtype import external_engine_dtype
-from asyncrl.launch.inference_process import wait_healthy
-from asyncrl.launch.processes import start, stop
 from asyncrl.log import get_logger
+from asyncrl.processes import start, stop, wait_healthy
 
 logger = get_logger(__name__)
 

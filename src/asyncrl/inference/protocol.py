@@ -136,9 +136,6 @@ class UnloadLoraRequest(BaseModel):
     lora_int_id: int | None = None
 
 
-PauseModeName = Literal["abort", "wait", "keep"]
-
-
 # responses ----------------------------------------------------------------------------------------
 def _token_text(token_id: int, tokenizer: Any, as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])

@@ -29,6 +29,7 @@ from asyncrl.inference.served_model import ServedModel, WeightInfo
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
+from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
 
@@ -262,7 +263,7 @@ def build_app(
         return _info(served.info())
 
     @app.post("/pause", dependencies=guarded)
-    async def pause(mode: protocol.PauseModeName = "abort") -> dict[str, Any]:
+    async def pause(mode: PauseMode = "abort") -> dict[str, Any]:
         await asyncio.to_thread(engine.pause, mode)
         return {"is_paused": True, "mode": mode}
 

@@ -1,4 +1,5 @@
-"""Run `asyncrl infer` as a child process and wait until it answers /health."""
+"""Run `asyncrl infer` as a child process and wait until it answers /health (tests and
+benchmarks start their servers with this)."""
 
 from __future__ import annotations
 
@@ -6,40 +7,17 @@ import os
 import socket
 import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from asyncrl.processes import wait_healthy
 
 
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def answers_health(url: str) -> bool:
-    """One probe of `url/health`: True on 200."""
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
-    """Poll `url/health` until 200; raise if the process dies or time runs out."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if process.poll() is not None:
-            raise RuntimeError(f"inference server exited with code {process.returncode}")
-        if answers_health(url):
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"inference server at {url} not healthy after {timeout:.0f} s")
-        time.sleep(0.2)
 
 
 @contextmanager

@@ -17,11 +17,10 @@ import time
 from pathlib import Path
 
 from asyncrl.config.rl import RLConfig
-from asyncrl.launch.inference_process import wait_healthy
 from asyncrl.launch.live_view import LiveView
-from asyncrl.launch.processes import start, stop, tail
 from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
 from asyncrl.log import get_logger
+from asyncrl.processes import start, stop, tail, wait_healthy
 
 logger = get_logger(__name__)
 

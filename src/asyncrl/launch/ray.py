@@ -41,11 +41,11 @@ from asyncrl.launch.cluster_configs import (
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.placement import Node, Slot, address_key, explain_unplaceable, plan_slots
 from asyncrl.launch.placement import rank_order as order_ranks
-from asyncrl.launch.processes import tail
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
 from asyncrl.launch.shared_storage import judge_shared_storage
 from asyncrl.log import get_logger
+from asyncrl.processes import tail
 
 logger = get_logger(__name__)
 

@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.fs import atomic_write_bytes
-from asyncrl.launch.inference_process import answers_health
-from asyncrl.launch.processes import start, stop
+from asyncrl.processes import answers_health, start, stop
 
 LOG_CHUNK = 1 << 20  # bytes of log handed to the driver per call
 

@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
-PauseMode = Literal["abort", "wait", "keep"]
+from asyncrl.types import PauseMode
+
 Request = Callable[..., Awaitable[Any]]  # (method, url, json=None, retries=...) -> JSON body
 ChatTemplate = Callable[[list[dict[str, Any]]], list[int]]  # messages -> prompt token ids
 

@@ -1,7 +1,9 @@
-"""Child processes that never outlive the launcher.
+"""Child processes that never outlive their parent, and waiting for a child server to answer.
 
-Each child gets its own process group (so a signal reaches its own children too) and, on Linux,
-asks the kernel to send it SIGTERM if the launcher dies, even by SIGKILL (PR_SET_PDEATHSIG).
+Used by whatever starts a process: the launchers (a role per child) and the inference role
+(vLLM or SGLang as its child), so neither depends on the other. Each child gets its own process
+group (so a signal reaches its own children too) and, on Linux, asks the kernel to send it
+SIGTERM if its parent dies, even by SIGKILL (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,3 +67,25 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def answers_health(url: str) -> bool:
+    """One probe of `url/health`: True on 200."""
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+    """Poll `url/health` until 200; raise if the process dies or time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if process.poll() is not None:
+            raise RuntimeError(f"inference server exited with code {process.returncode}")
+        if answers_health(url):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"inference server at {url} not healthy after {timeout:.0f} s")
+        time.sleep(0.2)
