@@ -1,0 +1,103 @@
+"""The routes that run the server rather than generate: health and identity, weight and adapter
+loading, pause and resume, metrics. They follow vLLM's (and its RL extensions') paths, so the
+orchestrator drives every engine the same way."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.params import Depends
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from asyncrl import __version__
+from asyncrl.inference import protocol
+from asyncrl.inference.api_errors import APIError, error_response
+from asyncrl.inference.metrics import render_metrics
+from asyncrl.inference.served_model import ServedModel, WeightInfo
+from asyncrl.inference.weight_receiver import WeightReceiverThread
+from asyncrl.inference.weights import WeightLoadError
+from asyncrl.types import PauseMode
+
+
+def open_router(served: ServedModel, receiver: WeightReceiverThread | None) -> APIRouter:
+    """Routes any client may call, key or not: /health, /version, /metrics."""
+    router = APIRouter()
+
+    @router.get("/health")
+    async def health() -> JSONResponse:
+        if receiver is not None and receiver.error is not None:
+            message = f"weight receiver failed: {receiver.error}"
+            return error_response(503, message, "ServiceUnavailable")
+        return JSONResponse({})
+
+    @router.get("/version")
+    async def version() -> dict[str, str]:
+        """Tells clients which engine this is (vLLM answers the same route with its version)."""
+        return {"version": __version__, "engine": "asyncrl"}
+
+    @router.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(render_metrics(served.engine, served.name))
+
+    return router
+
+
+def control_router(served: ServedModel, guarded: Sequence[Depends]) -> APIRouter:
+    """Weights, adapters, pause and resume: behind the API key when there is one."""
+    engine = served.engine
+    router = APIRouter(dependencies=list(guarded))
+
+    async def weights_call(function: Callable[..., WeightInfo], *args: Any) -> dict[str, Any]:
+        try:
+            info = await asyncio.to_thread(function, *args)
+        except WeightLoadError as error:
+            raise APIError(400, str(error)) from error
+        return _info(info)
+
+    @router.post("/update_weights")
+    async def update_weights(body: protocol.UpdateWeightsRequest) -> dict[str, Any]:
+        return await weights_call(served.update_weights, body.weight_dir, body.version)
+
+    @router.post("/v1/load_lora_adapter")
+    async def load_lora(
+        body: protocol.LoadLoraRequest, version: int | None = None
+    ) -> dict[str, Any]:
+        return await weights_call(
+            served.load_lora, body.lora_name, body.lora_path, body.load_inplace, version
+        )
+
+    @router.post("/v1/unload_lora_adapter")
+    async def unload_lora(body: protocol.UnloadLoraRequest) -> dict[str, Any]:
+        return await weights_call(served.unload_lora, body.lora_name)
+
+    @router.get("/weight_info")
+    async def weight_info() -> dict[str, Any]:
+        return _info(served.info())
+
+    @router.post("/pause")
+    async def pause(mode: PauseMode = "abort") -> dict[str, Any]:
+        await asyncio.to_thread(engine.pause, mode)
+        return {"is_paused": True, "mode": mode}
+
+    @router.post("/resume")
+    async def resume() -> dict[str, Any]:
+        engine.resume()
+        return {"is_paused": False}
+
+    @router.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": engine.is_paused}
+
+    return router
+
+
+def _info(info: WeightInfo) -> dict[str, Any]:
+    return {
+        "version": info.version,
+        "fingerprint": info.fingerprint,
+        "weight_dir": info.weight_dir,
+        "lora_name": info.lora_name,
+    }
