@@ -10,14 +10,16 @@ or missing.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from pathlib import Path
 
 from asyncrl.fs import atomic_write_bytes
+from asyncrl.monitor.metrics import forget_metrics_after
+from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
+from asyncrl.transport.batches import forget_batches_after
+from asyncrl.transport.broadcast import forget_broadcasts_after
 
 COMPLETE = "COMPLETE"
-STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 def checkpoint_dir(run_dir: Path, step: int, role: str, root: Path | None = None) -> Path:
@@ -27,14 +29,11 @@ def checkpoint_dir(run_dir: Path, step: int, role: str, root: Path | None = None
 def complete_steps(run_dir: Path, roles: tuple[str, ...], root: Path | None = None) -> list[int]:
     """Steps whose parts for every role in `roles` are complete, ascending."""
     base = root or run_dir / "checkpoints"
-    if not base.exists():
-        return []
-    steps = []
-    for child in base.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and all((child / role / COMPLETE).exists() for role in roles):
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+    return [
+        step
+        for step, path in step_dirs(base)
+        if all((path / role / COMPLETE).exists() for role in roles)
+    ]
 
 
 def resolve_resume_step(
@@ -71,41 +70,10 @@ def prune(run_dir: Path, role: str, keep_last: int | None, keep_interval: int | 
         shutil.rmtree(checkpoint_dir(run_dir, step, role, root), ignore_errors=True)
 
 
-def remove_staging_leftovers(folder: Path) -> None:
-    """Delete the hidden `.<name>….tmp` files and directories that atomic writes stage in and
-    a crash can leave behind, in `folder` and in its step directories (checkpoints stage per
-    role). Nothing under such a name is ever read."""
-    if not folder.exists():
-        return
-    places = [folder, *(child for child in folder.iterdir() if STEP_DIR.match(child.name))]
-    for place in places:
-        for child in place.iterdir():
-            if child.name.startswith(".") and child.name.endswith(".tmp"):
-                if child.is_dir():
-                    shutil.rmtree(child, ignore_errors=True)
-                else:
-                    child.unlink(missing_ok=True)
-
-
 def forget_after(run_dir: Path, step: int) -> None:
-    """Remove what a crashed run produced after `step`, before resuming from it."""
-    for kind in ("rollouts", "broadcasts"):
-        folder = run_dir / kind
-        if folder.exists():
-            for child in folder.iterdir():
-                match = STEP_DIR.match(child.name)
-                if match and int(match.group(1)) > step:
-                    shutil.rmtree(child, ignore_errors=True)
-    for folder in (run_dir / "rollouts", run_dir / "broadcasts", run_dir / "checkpoints"):
-        remove_staging_leftovers(folder)
-    (run_dir / "rollouts" / "DONE").unlink(missing_ok=True)
-    metrics = run_dir / "metrics.jsonl"
-    if metrics.exists():
-        kept = []
-        for line in metrics.read_text().splitlines():
-            try:
-                if json.loads(line).get("step", 0) <= step:
-                    kept.append(line)
-            except json.JSONDecodeError:
-                continue  # a torn line from the crash
-        atomic_write_bytes(metrics, ("\n".join(kept) + "\n" if kept else "").encode())
+    """Before both roles resume from `step`: each owner removes what the crashed run produced
+    after it (batches and DONE, broadcasts, metrics records), and half-written checkpoints go."""
+    forget_batches_after(run_dir, step)
+    forget_broadcasts_after(run_dir, step)
+    forget_metrics_after(run_dir / "metrics.jsonl", step)
+    remove_staging_leftovers(run_dir / "checkpoints")

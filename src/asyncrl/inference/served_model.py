@@ -7,7 +7,6 @@ weights; their earlier tokens keep the version that produced them.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,10 @@ from asyncrl.inference.weights import (
     resolve_under_roots,
 )
 from asyncrl.log import get_logger
+from asyncrl.step_dirs import step_of
 from asyncrl.transport.fingerprint import weights_fingerprint
 
 logger = get_logger(__name__)
-
-STEP_DIR = re.compile(r"step_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -169,5 +167,4 @@ class ServedModel:
 
 def _step_of(directory: Path) -> int:
     """`.../step_12` -> 12; anything else -> 0 (callers should pass `version`)."""
-    match = STEP_DIR.search(directory.name)
-    return int(match.group(1)) if match else 0
+    return step_of(directory) or 0

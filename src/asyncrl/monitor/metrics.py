@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from asyncrl.fs import atomic_write_bytes
+
 HEADER = "header"
 
 
@@ -74,3 +76,19 @@ def _read_records(path: str | Path, role: str | None) -> list[dict[str, Any]]:
         if role is None or record.get("role") == role:
             records.append(record)
     return records
+
+
+def forget_metrics_after(path: str | Path, step: int) -> None:
+    """Before a resume from `step`: keep the headers and the records up to `step`; drop later
+    ones and a torn line from the crash."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                kept.append(line)
+        except json.JSONDecodeError:
+            continue
+    atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode())

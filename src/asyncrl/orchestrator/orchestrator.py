@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
-import shutil
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -39,7 +38,7 @@ from asyncrl.orchestrator.engine_api import ChatTemplate
 from asyncrl.orchestrator.rollout import Group, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
-from asyncrl.transport.batches import done_path
+from asyncrl.transport.batches import forget_batches_after
 from asyncrl.transport.broadcast import latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.types import TrainingBatch
@@ -187,10 +186,7 @@ class Orchestrator:
         if not ckpt.skip_buffer:
             self.buffer.load_state(state["buffer"])
         self.seeds = itertools.count(state["seeds_used"])
-        for child in (self.run_dir / "rollouts").glob("step_*"):
-            if int(child.name.removeprefix("step_")) > step:
-                shutil.rmtree(child, ignore_errors=True)
-        done_path(self.run_dir).unlink(missing_ok=True)
+        forget_batches_after(self.run_dir, step)
         logger.info("orchestrator: resumed after step %d", step)
         return 0 if ckpt.skip_progress else step
 

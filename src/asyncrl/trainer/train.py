@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import shutil
 import time
 from pathlib import Path
 
@@ -47,7 +46,7 @@ from asyncrl.trainer.parallel import (
 )
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
-from asyncrl.transport.broadcast import publish_marker, publish_weights, stable_steps
+from asyncrl.transport.broadcast import forget_broadcasts_after, publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -172,8 +171,7 @@ def resume(
         checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler, ranks
     )
     if ranks.is_main:
-        for later in [s for s in stable_steps(run_dir) if s > step]:
-            shutil.rmtree(run_dir / "broadcasts" / f"step_{later}", ignore_errors=True)
+        forget_broadcasts_after(run_dir, step)
     logger.info("trainer: resumed from the checkpoint of step %d", step)
     return step
 

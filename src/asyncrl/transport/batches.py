@@ -14,6 +14,7 @@ import msgspec
 
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
+from asyncrl.step_dirs import remove_steps_after
 from asyncrl.types import TrainingBatch
 from asyncrl.waiting import Wait
 
@@ -31,6 +32,13 @@ class BatchFileError(ValueError):
 def done_path(run_dir: str | Path) -> Path:
     """Written by the orchestrator when it will send no more batches."""
     return Path(run_dir) / "rollouts" / "DONE"
+
+
+def forget_batches_after(run_dir: str | Path, step: int) -> None:
+    """Before a resume from `step`: the batches a crashed run wrote later were never trained
+    on, and the run is not done."""
+    remove_steps_after(Path(run_dir) / "rollouts", step)
+    done_path(run_dir).unlink(missing_ok=True)
 
 
 def batch_path(run_dir: str | Path, step: int) -> Path:

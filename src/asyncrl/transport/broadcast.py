@@ -9,7 +9,6 @@ Old steps are pruned, keeping the newest `keep` (what `max_async_level` may stil
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -20,12 +19,12 @@ import torch
 
 from asyncrl.fs import atomic_directory, atomic_write_bytes
 from asyncrl.log import get_logger
+from asyncrl.step_dirs import remove_steps_after, step_dirs
 from asyncrl.transport.fingerprint import weights_fingerprint
 
 logger = get_logger(__name__)
 
 STABLE = "STABLE"
-STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -93,15 +92,7 @@ def read_broadcast(path: Path) -> Broadcast | None:
 
 def stable_steps(run_dir: str | Path) -> list[int]:
     """Steps with a complete broadcast, ascending."""
-    root = broadcasts_dir(run_dir)
-    if not root.exists():
-        return []
-    steps = []
-    for child in root.iterdir():
-        match = STEP_DIR.match(child.name)
-        if match and (child / STABLE).exists():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
+    return [step for step, path in step_dirs(broadcasts_dir(run_dir)) if (path / STABLE).exists()]
 
 
 def latest_broadcast(run_dir: str | Path, at_least: int = 0) -> Broadcast | None:
@@ -114,3 +105,9 @@ def prune(run_dir: str | Path, keep: int) -> None:
     steps = stable_steps(run_dir)
     for step in steps[: max(0, len(steps) - keep)]:
         shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)
+
+
+def forget_broadcasts_after(run_dir: str | Path, step: int) -> None:
+    """Before a resume from `step`: the broadcasts a crashed run made later belong to a future
+    the resumed run will redo."""
+    remove_steps_after(broadcasts_dir(run_dir), step)
