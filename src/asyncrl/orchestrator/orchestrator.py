@@ -107,7 +107,10 @@ class Orchestrator:
                     continue
                 groups, drops = batch
                 samples = [s for g in groups for s in g.samples]
-                sender.send(TrainingBatch(step, samples, config.sampling.max_tokens))
+                # off the event loop: a zmq send blocks at the high-water mark, a file write
+                # takes a while, and rollouts in flight must keep being collected meanwhile
+                batch = TrainingBatch(step, samples, config.sampling.max_tokens)
+                await asyncio.to_thread(sender.send, batch)
                 now = time.monotonic()
                 temperature = temperature_at(step, config.max_steps, config.sampling)
                 self.metrics.log(
@@ -120,7 +123,7 @@ class Orchestrator:
                 )  # fmt: skip
                 self.maybe_checkpoint(step)
                 step, last_batch = step + 1, now
-            sender.finish()
+            await asyncio.to_thread(sender.finish)
             if config.max_steps is not None:  # the run ends with every server on the trained policy
                 await self.sync_weights(need=config.max_steps)
                 logger.info(
@@ -145,10 +148,12 @@ class Orchestrator:
             seed=None if seed is None else seed + next(self.seeds),
             launch_version=self.clients.oldest_version(),
         )
-        return await run_group(
-            request, self.config, self.clients, self.rewards[drawn.env_index], self.buffer,
-            self.vocab_size, self.decode,
+        group = await run_group(
+            request, self.config, self.clients, self.rewards[drawn.env_index], self.vocab_size,
+            self.decode,
         )  # fmt: skip
+        group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
+        return group
 
     def assemble(self, step: int, ready: deque[Group]) -> tuple[list[Group], Counter[str]] | None:
         """Batch `step` from the oldest ready groups that are fresh enough, if there are enough."""

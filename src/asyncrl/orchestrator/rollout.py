@@ -14,7 +14,7 @@ from typing import Any
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs.reward_pool import RewardPool, RewardResult
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
-from asyncrl.orchestrator.buffer import Buffer, Drawn
+from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.filters import apply_filters
 from asyncrl.types import TrainingSample
@@ -28,7 +28,7 @@ class Group:
     rewards: list[float]
     values: list[dict[str, float]]  # each completion's value of each reward function
     truncated: list[bool]
-    trainable: bool  # False: skipped by online difficulty filtering
+    trainable: bool = True  # False: skipped by online difficulty filtering (set by the caller)
     filter_hits: Counter[str] = field(default_factory=Counter)
     reward_failures: int = 0
     finished_at: float = field(default_factory=time.monotonic)
@@ -119,10 +119,25 @@ async def run_group(
     config: OrchestratorConfig,
     clients: ClientPool,
     rewards: RewardPool,
-    buffer: Buffer,
     vocab_size: int,
     decode: Callable[[list[int]], str] | None = None,
 ) -> Group:
+    """Generate the group on the least-loaded server, score it, and make it training samples.
+    Whether the group trains (the buffer's difficulty filter) is the caller's to decide."""
+    route, body = request_body(request, config)
+    server = clients.least_loaded()
+    response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
+    choices = sorted(
+        (Completion.parse(choice, response) for choice in response["choices"]),
+        key=lambda choice: choice.index,
+    )
+    scored = await score(choices, request, config, rewards)
+    return to_group(request, choices, scored, config, vocab_size, decode)
+
+
+def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str, dict[str, Any]]:
+    """The route and body asking for `rollouts_per_example` completions of the example: token
+    ids to the completions route when the example is pre-tokenized, messages to chat else."""
     sampling = config.sampling
     example = request.drawn.example
     body: dict[str, Any] = {
@@ -135,7 +150,7 @@ async def run_group(
         "repetition_penalty": sampling.repetition_penalty,
         "return_token_ids": True,
     }
-    if example.prompt_token_ids is not None:  # pre-tokenized: the completions route
+    if example.prompt_token_ids is not None:
         route = "completions"
         body.update(prompt=example.prompt_token_ids, logprobs=0)
     else:
@@ -145,18 +160,37 @@ async def run_group(
         body["max_tokens"] = sampling.max_tokens
     if request.seed is not None:
         body["seed"] = request.seed
-    server = clients.least_loaded()
-    response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
-    choices = [Completion.parse(choice, response) for choice in response["choices"]]
-    choices.sort(key=lambda choice: choice.index)
-    texts = [choice.text for choice in choices]
+    return route, body
+
+
+async def score(
+    choices: list[Completion],
+    request: GroupRequest,
+    config: OrchestratorConfig,
+    rewards: RewardPool,
+) -> list[RewardResult]:
+    """Each completion's reward (and per-step rewards for process advantages); 0 for all with
+    `buffer.skip_verification`."""
     if config.buffer.skip_verification:
-        scored = [RewardResult(0.0, {}) for _ in choices]
-    else:
-        process = config.advantage.type == "process"
-        scored = await asyncio.gather(
-            *(rewards.score(text, request.drawn.example, steps=process) for text in texts)
+        return [RewardResult(0.0, {}) for _ in choices]
+    process = config.advantage.type == "process"
+    return list(
+        await asyncio.gather(
+            *(rewards.score(c.text, request.drawn.example, steps=process) for c in choices)
         )
+    )
+
+
+def to_group(
+    request: GroupRequest,
+    choices: list[Completion],
+    scored: list[RewardResult],
+    config: OrchestratorConfig,
+    vocab_size: int,
+    decode: Callable[[list[int]], str] | None,
+) -> Group:
+    """Scored completions as training samples: advantages per token, filters applied, each
+    token's policy version (the launch version where the server reports none)."""
     lengths = [len(choice.token_ids) for choice in choices]
     token_advantages = per_token_advantages(choices, scored, lengths, config, decode)
     group = Group(
@@ -166,7 +200,6 @@ async def run_group(
         rewards=[r.reward for r in scored],
         values=[r.values for r in scored],
         truncated=[choice.finish_reason == "length" for choice in choices],
-        trainable=buffer.record(request.drawn, [r.reward for r in scored]),
         reward_failures=sum(len(r.failed) + r.timed_out for r in scored),
     )
     for choice, result, advantages, truncated in zip(

@@ -44,7 +44,7 @@ def test_group_samples_are_aligned_and_scored(
         buffer = Buffer([env], config.buffer, 0, pool_size=40)
         drawn = buffer.draw()
         request = GroupRequest(drawn, "jsonl", str(tiny_model_dir), 0.9, 3, launch_version=0)
-        group = await run_group(request, config, clients, rewards, buffer, vocab_size=128)
+        group = await run_group(request, config, clients, rewards, vocab_size=128)
         await rewards.close()
         await clients.close()
 
@@ -120,7 +120,7 @@ def test_process_supervision_turns_step_rewards_into_per_token_advantages(
         def decode(ids: list[int]) -> str:
             return tokenizer.decode(ids, skip_special_tokens=True)
 
-        group = await run_group(request, config, clients, rewards, buffer, 128, decode)
+        group = await run_group(request, config, clients, rewards, 128, decode)
         await rewards.close()
         await clients.close()
 
