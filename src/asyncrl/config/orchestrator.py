@@ -234,6 +234,18 @@ class OrchestratorConfig(StrictModel):
         False, description="Mask completions cut by max_tokens out of the loss (overlong filter)."
     )
     ckpt: CheckpointConfig = Field(default_factory=CheckpointConfig, description="Checkpoints.")
+    reward_workers: int = Field(2, gt=0, description="Reward worker processes per environment.")
+    reward_timeout: float = Field(
+        30.0, gt=0, description="Seconds one rollout's reward may take before it scores 0."
+    )
+    reward_memory_limit: float | None = Field(
+        8.0,
+        gt=0,
+        description="GiB of address space per reward worker and its children (null = no limit).",
+    )
+    reward_cpu_limit: float | None = Field(
+        60.0, gt=0, description="CPU seconds one rollout's reward may use (null = no limit)."
+    )
     eval: EvalConfig | None = planned(None, "Online evaluation.", feature="online evaluation")
     report_to: ReportConfig | None = planned(
         None, "Weights & Biases reporting.", feature="W&B reporting"

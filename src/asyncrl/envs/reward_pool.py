@@ -1,14 +1,20 @@
 """Score completions in worker processes with a hard timeout per rollout.
 
-A reward that raises or returns NaN gives 0 for its term; one that hangs past `timeout` gets
-its worker killed and replaced, and the rollout scores 0. Every failure is counted; the first
-traceback of each reward function is logged, later ones only counted.
+A reward that raises or returns NaN gives 0 for its term. A rollout scores 0 when its total is
+not finite or beyond ±`MAX_ABS_REWARD`, when its reward hangs past `timeout`, or when its
+worker dies (memory or CPU limit) or answers something undecodable; the worker is then killed
+with everything it started (its own session) and replaced. Every failure is counted; the first
+message of each kind is logged, later ones only counted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
+import os
+import signal
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -19,14 +25,26 @@ from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
 
+MAX_ABS_REWARD = 1e9  # far beyond any real reward, far below overflow when a batch is summed
+ANSWER_LIMIT = 2**22  # bytes in one answer line (step rewards of a long completion fit)
+KILL_GRACE = 2.0  # seconds to wait for a killed worker before abandoning its pipes
+
 
 @dataclass
 class RewardResult:
     reward: float
     values: dict[str, float]
     failed: list[str] = field(default_factory=list)  # rubric terms that raised / were not finite
-    timed_out: bool = False
+    lost: str | None = None  # why the worker gave no answer ("timeout", "worker_died"…)
     steps: list[tuple[int, float]] = field(default_factory=list)  # (end character, reward)
+
+
+class WorkerFailed(Exception):
+    """The worker could not answer: it died, hung, or sent something undecodable."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind  # the failure counter it adds to
 
 
 class _Worker:
@@ -39,8 +57,11 @@ class RewardPool:
     def __init__(
         self, env_id: str, env_args: dict[str, Any], rubric: list[RewardFunction],
         num_workers: int = 2, timeout: float = 30.0,
+        memory_limit: float | None = None, cpu_limit: float | None = None,
     ) -> None:  # fmt: skip
-        self.spec = json.dumps({"id": env_id, "args": env_args})
+        self.spec = json.dumps(
+            {"id": env_id, "args": env_args, "memory_limit": memory_limit, "cpu_limit": cpu_limit}
+        )
         self.rubric = rubric
         self.num_workers = num_workers
         self.timeout = timeout
@@ -57,55 +78,101 @@ class RewardPool:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "asyncrl.envs.reward_worker", self.spec,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            start_new_session=True, limit=ANSWER_LIMIT,
         )  # fmt: skip
         worker = _Worker(process)
         self._workers.append(worker)
         return worker
 
     async def _replace(self, worker: _Worker) -> _Worker:
-        if worker.process.returncode is None:
-            worker.process.kill()
-            await worker.process.wait()
+        await self._kill(worker)
         self._workers.remove(worker)
         return await self._spawn()
+
+    @staticmethod
+    async def _kill(worker: _Worker) -> None:
+        """Kill the worker's whole process group; never wait on pipes a stray child holds."""
+        process = worker.process
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # its session id is its pid
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), KILL_GRACE)
+        except TimeoutError:
+            logger.warning(f"reward worker {process.pid} left a pipe open; abandoning it")
+
+    async def _ask(self, worker: _Worker, task: bytes) -> dict[str, Any]:
+        process = worker.process
+        assert process.stdin is not None and process.stdout is not None
+        try:
+            process.stdin.write(task)
+            await process.stdin.drain()
+            line = await asyncio.wait_for(process.stdout.readline(), self.timeout)
+        except TimeoutError:
+            raise WorkerFailed(
+                "timeout", f"reward scoring timed out after {self.timeout} s"
+            ) from None
+        except (ConnectionError, ValueError) as error:  # ValueError: a line over the limit
+            raise WorkerFailed(
+                "worker_protocol", f"reward worker broke the protocol: {error}"
+            ) from error
+        if not line:
+            code = process.returncode if process.returncode is not None else await process.wait()
+            raise WorkerFailed("worker_died", f"reward worker exited ({describe_exit(code)})")
+        try:
+            answer = json.loads(line)
+            if not isinstance(answer, dict) or not isinstance(answer.get("values"), dict):
+                raise ValueError(f"not an answer: {line[:200]!r}")
+        except ValueError as error:  # JSONDecodeError is a ValueError
+            raise WorkerFailed(
+                "worker_protocol", f"reward worker broke the protocol: {error}"
+            ) from error
+        return answer
 
     async def score(self, completion: str, example: Example, steps: bool = False) -> RewardResult:
         worker = await self._idle.get()
         if worker.stale:
             worker = await self._replace(worker)
+        task = json.dumps({"completion": completion, "example": asdict(example), "steps": steps})
         try:
-            task = json.dumps(
-                {"completion": completion, "example": asdict(example), "steps": steps}
-            )
-            assert worker.process.stdin is not None and worker.process.stdout is not None
-            worker.process.stdin.write(task.encode() + b"\n")
-            await worker.process.stdin.drain()
-            line = await asyncio.wait_for(worker.process.stdout.readline(), self.timeout)
-            if not line:
-                raise ConnectionError("reward worker exited")
-        except (TimeoutError, ConnectionError, BrokenPipeError) as error:
+            answer = await self._ask(worker, task.encode() + b"\n")
+        except WorkerFailed as failure:
             worker = await self._replace(worker)
-            self.failures["timeout" if isinstance(error, TimeoutError) else "worker_died"] += 1
-            self._log_once("timeout", f"reward scoring failed ({error or 'timed out'}) after "
-                           f"{self.timeout} s; the rollout scores 0")  # fmt: skip
+            self.failures[failure.kind] += 1
+            self._log_once(failure.kind, f"{failure}; the rollout scores 0")
             zeros = {term.name: 0.0 for term in self.rubric}
-            return RewardResult(0.0, zeros, timed_out=True)
+            return RewardResult(0.0, zeros, lost=failure.kind)
         except asyncio.CancelledError:
             # its answer may still arrive and would be read as the next task's: never reuse it
             # (killed now, replaced by its next user: nothing is spawned while shutting down)
-            worker.process.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGKILL)
             worker.stale = True
             raise
         finally:
             await self._idle.put(worker)
-        answer = json.loads(line)
-        for name, trace in answer["errors"].items():
+        return self._result(answer)
+
+    def _result(self, answer: dict[str, Any]) -> RewardResult:
+        errors: dict[str, str] = answer.get("errors") or {}
+        for name, trace in errors.items():
             self.failures[name] += 1
             self._log_once(name, f"reward function `{name}` failed (scored 0):\n{trace}")
-        values = answer["values"]
+        values: dict[str, float] = answer["values"]
+        failed = [name for name in errors if name != "step_rewards"]
         steps = [(int(end), float(reward)) for end, reward in answer.get("steps", [])]
-        failed = [name for name in answer["errors"] if name != "step_rewards"]
-        return RewardResult(rubric_reward(values, self.rubric), values, failed, steps=steps)
+        total = rubric_reward(values, self.rubric)
+        if not within_bounds(total) or not all(within_bounds(r) for _, r in steps):
+            self.failures["out_of_range"] += 1
+            self._log_once(
+                "out_of_range",
+                f"a rollout's reward is {total} (or one of its step rewards is out of range); "
+                f"rewards must be finite and within ±{MAX_ABS_REWARD:g}: the rollout scores 0",
+            )
+            return RewardResult(0.0, values, [*failed, "out_of_range"])
+        return RewardResult(total, values, failed, steps=steps)
 
     def _log_once(self, key: str, message: str) -> None:
         if key not in self._logged:
@@ -114,7 +181,17 @@ class RewardPool:
 
     async def close(self) -> None:
         for worker in self._workers:
-            if worker.process.returncode is None:
-                worker.process.kill()
-                await worker.process.wait()
+            await self._kill(worker)
         self._workers.clear()
+
+
+def within_bounds(reward: float) -> bool:
+    return math.isfinite(reward) and abs(reward) <= MAX_ABS_REWARD
+
+
+def describe_exit(code: int) -> str:
+    if code >= 0:
+        return f"status {code}"
+    name = signal.Signals(-code).name
+    hint = {"SIGXCPU": ": its CPU limit", "SIGKILL": ": killed, maybe for memory"}.get(name, "")
+    return f"{name}{hint}"

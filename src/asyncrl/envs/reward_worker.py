@@ -1,9 +1,14 @@
-"""A reward worker process: `python -m asyncrl.envs.reward_worker '<json env spec>'`.
+"""A reward worker process: `python -m asyncrl.envs.reward_worker '<json spec>'`.
 
 It loads the environment itself (from its id and args, so no environment object crosses the
-process boundary) and answers one JSON line per task on a private copy of stdout; the user's
-reward code may print freely, its output goes to stderr. Each rubric term is guarded on its
-own: an exception or a non-finite value gives that term 0 and reports the traceback.
+process boundary) and reads tasks and writes answers, one JSON line each, on private
+descriptors: before any user code runs, fd 0 is pointed at /dev/null and fd 1 at stderr, so
+neither `print` nor a subprocess can read the tasks or corrupt the answers. Each rubric term
+is guarded on its own: an exception or a non-finite value gives that term 0 and reports the
+traceback. `memory_limit` (GiB of
+address space) holds for the worker and its subprocesses; with `cpu_limit` each task may use
+that many CPU seconds (RLIMIT_CPU, moved forward before each task): past either the kernel
+ends the worker and the pool scores the rollout as failed.
 """
 
 from __future__ import annotations
@@ -11,20 +16,53 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import sys
 import traceback
+from typing import TextIO
 
 from asyncrl.envs.base import Example
 from asyncrl.envs.registry import load_environment
 
 
+def private_channels() -> tuple[TextIO, TextIO]:
+    """Tasks in and answers out on descriptors no subprocess inherits (`os.dup` makes them
+    non-inheritable); fd 0 becomes /dev/null and fd 1 stderr, so user code reaches neither."""
+    tasks, answers = os.dup(0), os.dup(1)
+    sys.stdout.flush()
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr  # sys.stdin already reads fd 0, now /dev/null
+    return os.fdopen(tasks, "r"), os.fdopen(answers, "w")
+
+
+def limit_memory(gib: float | None) -> None:
+    """Cap this process's address space (inherited by anything it starts); no core files."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if gib is not None:
+        limit = int(gib * 2**30)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def allow_cpu_seconds(seconds: float | None) -> None:
+    """Let the next task use `seconds` more CPU time than this process has used so far."""
+    if seconds is None:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    soft = math.ceil(usage.ru_utime + usage.ru_stime + seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+
+
 def main() -> None:
-    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout = sys.stderr  # reward code that prints must not corrupt the protocol
+    tasks, channel = private_channels()
     spec = json.loads(sys.argv[1])
+    limit_memory(spec.get("memory_limit"))
     env = load_environment(spec["id"], spec.get("args") or {})
-    for line in sys.stdin:
+    for line in tasks:
         task = json.loads(line)
+        allow_cpu_seconds(spec.get("cpu_limit"))
         example = Example(**task["example"])
         values: dict[str, float] = {}
         errors: dict[str, str] = {}

@@ -75,7 +75,15 @@ class Orchestrator:
         self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
         self.clients = ClientPool(config.client, chat_prompt_ids=chat_template(tokenizer))
         self.rewards = [
-            RewardPool(env.id, env.args, loaded.rubric)
+            RewardPool(
+                env.id,
+                env.args,
+                loaded.rubric,
+                num_workers=config.reward_workers,
+                timeout=config.reward_timeout,
+                memory_limit=config.reward_memory_limit,
+                cpu_limit=config.reward_cpu_limit,
+            )
             for env, loaded in zip(config.env, self.envs, strict=True)
         ]
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")

@@ -200,7 +200,7 @@ def to_group(
         rewards=[r.reward for r in scored],
         values=[r.values for r in scored],
         truncated=[choice.finish_reason == "length" for choice in choices],
-        reward_failures=sum(len(r.failed) + r.timed_out for r in scored),
+        reward_failures=sum(len(r.failed) + (r.lost is not None) for r in scored),
     )
     for choice, result, advantages, truncated in zip(
         choices, scored, token_advantages, group.truncated, strict=True

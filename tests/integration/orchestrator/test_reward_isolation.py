@@ -16,7 +16,7 @@ pytestmark = pytest.mark.integration
 
 PACKAGE = textwrap.dedent(
     """
-    import math, time
+    import math, os, subprocess, sys, time
     from asyncrl.envs.base import Example, RewardFunction
 
     class FlakyEnv:
@@ -29,6 +29,7 @@ PACKAGE = textwrap.dedent(
                 RewardFunction("raises", self.raises, weight=1.0),
                 RewardFunction("nan", lambda c, e: math.nan if c == "nan" else 0.5, weight=1.0),
                 RewardFunction("hangs", self.hangs, weight=1.0),
+                RewardFunction("hostile", self.hostile, weight=2.0),
             ]
 
         def raises(self, completion, example):
@@ -42,6 +43,32 @@ PACKAGE = textwrap.dedent(
             if completion == "slow":
                 time.sleep(0.5)
             return 0.0
+
+        def hostile(self, completion, example):
+            # what careless reward code does: shells out, reads stdin, overflows, leaks
+            if completion == "echo":
+                subprocess.run(["echo", "hi"], check=True)  # writes to fd 1
+                sys.stdout.write("and print" + chr(10))
+            if completion == "read-stdin":
+                subprocess.run(["head", "-c", "1"], check=True)  # would eat the next task
+                return float(len(sys.stdin.read()))
+            if completion == "huge":
+                return 1e308  # finite, but twice that is not
+            if completion == "grandchild":
+                child = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL)
+                open(os.environ["GRANDCHILD_PID"], "w").write(str(child.pid))
+                subprocess.run(["sleep", "20"])  # holds every inherited pipe
+            if completion == "memory":
+                return float(len(bytearray(3 * 2**30)))
+            if completion == "spin":
+                while True:
+                    pass
+            return 0.0
+
+        def step_rewards(self, completion, example):
+            if completion == "many-steps":
+                return [(i, 0.5) for i in range(1_000_000)]  # an answer line of ~12 MB
+            return []
 
         def examples(self, split, count):
             return [Example(example_id=i, prompt=[{"role": "user", "content": "x"}],
@@ -88,12 +115,126 @@ def test_raising_nan_and_hanging_rewards_each_cost_one_rollout(env_on_path: str)
                 pool.score("hang", example), pool.score("yes", example)
             )
             assert time.monotonic() - started < 2.0 + 3.0  # timeout plus a margin
-            assert hung.timed_out and hung.reward == 0.0
+            assert hung.lost == "timeout" and hung.reward == 0.0
             assert other.reward == pytest.approx(2.75)  # the other worker kept serving
 
             again = await pool.score("yes", example)  # the killed worker was replaced
             assert again.reward == pytest.approx(2.75)
             assert pool.failures == {"raises": 1, "nan": 1, "timeout": 1}
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def alive(pid: int) -> bool:
+    """Running or sleeping: a zombie waiting for its reaper counts as gone."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_subprocess_output_and_stdin_never_reach_the_protocol(env_on_path: str) -> None:
+    """fd 1 used to be the answer pipe: `echo` from a reward shifted every later answer by one
+    rollout, and a child reading stdin ate the next task."""
+
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=5.0)
+        await pool.start()
+        try:
+            for completion, expected in [("echo", 0.75), ("yes", 1.75), ("read-stdin", 0.75),
+                                         ("yes", 1.75), ("boom", 0.5), ("yes", 1.75)]:  # fmt: skip
+                result = await pool.score(completion, example)
+                assert result.reward == pytest.approx(expected), completion
+                assert result.lost is None
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_hung_grandchild_costs_the_timeout_and_leaves_no_process(
+    env_on_path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killing only the worker left `sleep 20` holding its pipes (a 2 s timeout took 20 s) and
+    a detached `sleep 30` outliving `close()`; the whole process group goes now."""
+    pid_file = tmp_path / "grandchild.pid"
+    monkeypatch.setenv("GRANDCHILD_PID", str(pid_file))
+
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=2.0)
+        await pool.start()
+        try:
+            started = time.monotonic()
+            hung = await pool.score("grandchild", example)
+            assert time.monotonic() - started < 2.0 + 2.5  # the timeout and the kill grace
+            assert hung.lost == "timeout" and hung.reward == 0.0
+            assert not alive(int(pid_file.read_text()))
+            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_oversized_answer_marks_the_worker_dead(env_on_path: str) -> None:
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=20.0)
+        await pool.start()
+        try:
+            result = await pool.score("many-steps", example, steps=True)
+            assert result.lost == "worker_protocol" and result.reward == 0.0
+            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
+            assert pool.failures == {"worker_protocol": 1}
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_overflowing_total_is_a_counted_failure_not_a_crash(env_on_path: str) -> None:
+    """Each term was finite (1e308), the weighted sum inf: advantages became NaN, and two such
+    rewards raised OverflowError in the group mean."""
+
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=5.0)
+        await pool.start()
+        try:
+            huge = await pool.score("huge", example)
+            assert huge.reward == 0.0 and huge.failed == ["out_of_range"]
+            assert pool.failures == {"out_of_range": 1}
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_memory_and_cpu_limits_cost_one_rollout(env_on_path: str) -> None:
+    async def scenario() -> None:
+        env = load_environment(env_on_path, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(
+            env_on_path, {}, env.rubric, num_workers=1, timeout=30.0, memory_limit=1.0,
+            cpu_limit=1.0,
+        )  # fmt: skip
+        await pool.start()
+        try:
+            memory = await pool.score("memory", example)  # 3 GiB past a 1 GiB limit
+            assert memory.failed == ["hostile"] and memory.reward == pytest.approx(0.75)
+            started = time.monotonic()
+            spin = await pool.score("spin", example)
+            assert spin.lost == "worker_died" and time.monotonic() - started < 10.0
+            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
         finally:
             await pool.close()
 
@@ -118,7 +259,7 @@ def test_a_cancelled_scoring_never_hands_its_answer_to_the_next_rollout(env_on_p
             await asyncio.sleep(0.5)  # the cancelled answer would be in the pipe by now
             for _ in range(2):
                 result = await pool.score("yes", example)
-                assert result.reward == pytest.approx(2.75) and not result.timed_out
+                assert result.reward == pytest.approx(2.75) and result.lost is None
         finally:
             await pool.close()
 
