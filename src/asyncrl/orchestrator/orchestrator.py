@@ -35,7 +35,7 @@ from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import ChatTemplate
-from asyncrl.orchestrator.rollout import Group, GroupRequest, run_group
+from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.transport.batches import forget_batches_after
@@ -88,6 +88,7 @@ class Orchestrator:
         ]
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")
         self.seeds = itertools.count()
+        self.aborted_groups = 0  # dropped since the last batch, reported with it
 
     async def run(self) -> None:
         config = self.config
@@ -97,7 +98,7 @@ class Orchestrator:
         self.warn_about_engine_limits()
         for pool in self.rewards:
             await pool.start()
-        in_flight: set[asyncio.Task[Group]] = set()
+        in_flight: set[asyncio.Task[Group | None]] = set()
         ready: deque[Group] = deque()
         target = round(config.batch_size * config.oversampling_factor)
         step, last_batch = self.resume() + 1, time.monotonic()
@@ -109,7 +110,8 @@ class Orchestrator:
                 done, in_flight = await asyncio.wait(
                     in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
                 )
-                ready.extend(task.result() for task in done)  # an error here stops the run
+                # an error here stops the run; None is a group the server aborted
+                ready.extend(group for task in done if (group := task.result()) is not None)
                 batch = self.assemble(step, ready)
                 if batch is None:
                     continue
@@ -145,7 +147,7 @@ class Orchestrator:
                 await pool.close()
             await self.clients.close()
 
-    async def launch(self, step: int) -> Group:
+    async def launch(self, step: int) -> Group | None:
         drawn = self.buffer.draw()
         seed = self.config.sampling.seed
         request = GroupRequest(
@@ -156,10 +158,15 @@ class Orchestrator:
             seed=None if seed is None else seed + next(self.seeds),
             launch_version=self.clients.oldest_version(),
         )
-        group = await run_group(
-            request, self.config, self.clients, self.rewards[drawn.env_index], self.vocab_size,
-            self.decode,
-        )  # fmt: skip
+        try:
+            group = await run_group(
+                request, self.config, self.clients, self.rewards[drawn.env_index],
+                self.vocab_size, self.decode,
+            )  # fmt: skip
+        except GroupAborted as error:
+            self.aborted_groups += 1
+            logger.warning("orchestrator: a group is dropped: %s", error)
+            return None
         group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
         return group
 
@@ -168,6 +175,8 @@ class Orchestrator:
         newest_floor = step - 1 - self.config.max_async_level
         oldest_floor = step - 1 - self.config.max_off_policy_steps
         drops: Counter[str] = Counter()
+        if self.aborted_groups:
+            drops["aborted"], self.aborted_groups = self.aborted_groups, 0
         kept = deque()
         while ready:
             group = ready.popleft()

@@ -31,6 +31,7 @@ class Group:
     trainable: bool = True  # False: skipped by online difficulty filtering (set by the caller)
     filter_hits: Counter[str] = field(default_factory=Counter)
     reward_failures: int = 0
+    aborted_retries: int = 0  # times the server aborted a completion and the group was redone
     finished_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -114,6 +115,13 @@ class GroupRequest:
     launch_version: int  # used for every token when the server reports no per-token versions
 
 
+ABORT_RETRIES = 2  # a pause with mode=abort, a server shutting down: worth asking again
+
+
+class GroupAborted(Exception):
+    """The server aborted a completion of the group on every attempt: nothing to train."""
+
+
 async def run_group(
     request: GroupRequest,
     config: OrchestratorConfig,
@@ -121,18 +129,31 @@ async def run_group(
     rewards: RewardPool,
     vocab_size: int,
     decode: Callable[[list[int]], str] | None = None,
+    abort_retries: int = ABORT_RETRIES,
 ) -> Group:
     """Generate the group on the least-loaded server, score it, and make it training samples.
-    Whether the group trains (the buffer's difficulty filter) is the caller's to decide."""
+    Whether the group trains (the buffer's difficulty filter) is the caller's to decide.
+
+    A completion the server aborted is cut short, not finished: the whole group is generated
+    again (its siblings are its baseline), `abort_retries` times, then `GroupAborted`."""
     route, body = request_body(request, config)
-    server = clients.least_loaded()
-    response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
-    choices = sorted(
-        (Completion.parse(choice, response) for choice in response["choices"]),
-        key=lambda choice: choice.index,
-    )
+    retries = 0
+    while True:
+        server = clients.least_loaded()
+        response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
+        choices = sorted(
+            (Completion.parse(choice, response) for choice in response["choices"]),
+            key=lambda choice: choice.index,
+        )
+        if not any(choice.finish_reason == "abort" for choice in choices):
+            break
+        if retries == abort_retries:
+            raise GroupAborted(f"the server aborted the group {retries + 1} times")
+        retries += 1
     scored = await score(choices, request, config, rewards)
-    return to_group(request, choices, scored, config, vocab_size, decode)
+    group = to_group(request, choices, scored, config, vocab_size, decode)
+    group.aborted_retries = retries
+    return group
 
 
 def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str, dict[str, Any]]:

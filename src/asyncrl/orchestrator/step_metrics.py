@@ -35,6 +35,7 @@ def batch_metrics(
         "orchestrator/tokens_per_s": sum(lengths) / max(elapsed, 1e-9),
         "orchestrator/temperature": temperature,
         "orchestrator/reward_failures": sum(g.reward_failures for g in groups),
+        "orchestrator/aborted_retries": sum(g.aborted_retries for g in groups),
     }
     per_function: dict[str, list[float]] = defaultdict(list)
     per_env: dict[str, list[float]] = defaultdict(list)

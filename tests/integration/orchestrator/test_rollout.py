@@ -6,14 +6,16 @@ import asyncio
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.launch.inference_process import inference_server
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.orchestrator.rollout import GroupRequest, run_group
+from asyncrl.orchestrator.rollout import GroupAborted, GroupRequest, run_group
 
 pytestmark = pytest.mark.integration
 
@@ -142,3 +144,58 @@ def test_process_supervision_turns_step_rewards_into_per_token_advantages(
         assert any(len(set(s.advantages)) > 1 for s in group.samples)  # really per token
 
     asyncio.run(scenario())
+
+
+async def generating(client: httpx.AsyncClient) -> bool:
+    text = (await client.get("/metrics")).text
+    running = next(
+        line for line in text.splitlines() if line.startswith("asyncrl:num_requests_running")
+    )
+    return float(running.split()[-1]) > 0
+
+
+@pytest.mark.parametrize("retries", [1, 0])
+def test_a_group_the_server_aborts_is_generated_again_or_dropped(
+    retries: int, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """An aborted completion (a pause with mode=abort) used to be trained as if it had
+    finished; now the whole group is asked again, and after `abort_retries` it is dropped."""
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(json.dumps({"input": f"abc{i}", "answer": "x"}) for i in range(8)))
+    env_spec = {"id": "jsonl", "args": {"path": str(data), "reward": "lcs"}}
+    env = load_environment("jsonl", env_spec["args"])
+    with inference_server(tiny_model_dir, "--max_model_len", "512") as url:
+        config = OrchestratorConfig(
+            model={"name": str(tiny_model_dir)}, env=[env_spec], batch_size=2,
+            rollouts_per_example=2, client={"base_url": [f"{url}/v1"]},
+            sampling={"max_tokens": 400, "min_tokens": 400, "temperature": 1.0},
+        )  # fmt: skip
+
+        async def scenario() -> None:
+            clients = ClientPool(config.client)
+            await clients.start(str(tiny_model_dir))
+            rewards = RewardPool("jsonl", env_spec["args"], env.rubric, num_workers=1)
+            await rewards.start()
+            drawn = Buffer([env], config.buffer, 0, pool_size=8).draw()
+            request = GroupRequest(drawn, "jsonl", str(tiny_model_dir), 1.0, 3, launch_version=0)
+            group = asyncio.create_task(
+                run_group(request, config, clients, rewards, vocab_size=128, abort_retries=retries)
+            )
+            try:
+                async with httpx.AsyncClient(base_url=url) as control:
+                    while not await generating(control):  # the first attempt has begun
+                        await asyncio.sleep(0.05)
+                    (await control.post("/pause", params={"mode": "abort"})).raise_for_status()
+                    (await control.post("/resume")).raise_for_status()
+                if retries == 0:
+                    with pytest.raises(GroupAborted):
+                        await group
+                    return
+                done = await group
+                assert done.aborted_retries == 1
+                assert [len(s.completion_ids) for s in done.samples] == [400, 400]
+            finally:
+                await rewards.close()
+                await clients.close()
+
+        asyncio.run(scenario())
