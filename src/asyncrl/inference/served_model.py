@@ -20,7 +20,7 @@ from asyncrl.inference.weights import (
     apply_lora,
     load_full_weights,
     read_lora_adapter,
-    resolve_under_roots,
+    weight_directory,
 )
 from asyncrl.log import get_logger
 from asyncrl.step_dirs import step_of
@@ -78,11 +78,11 @@ class ServedModel:
 
     # changing weights ----------------------------------------------------------------------------
     def update_weights(self, weight_dir: str, version: int | None) -> WeightInfo:
-        directory = resolve_under_roots(weight_dir, self.weight_roots)
+        directory = weight_directory(weight_dir, self.weight_roots)
         resolved_version = version if version is not None else _step_of(directory)
 
         def load() -> None:
-            load_full_weights(self.engine.model, directory)
+            load_full_weights(self.engine.model, directory, self.weight_roots)
             # a full update replaces the base: a merged adapter would now be stale
             self._base_weights = {}
             self._adapter = None
@@ -119,8 +119,8 @@ class ServedModel:
             )
         if self._adapter is not None and not load_inplace:
             raise WeightLoadError(f"adapter `{name}` is already loaded; pass load_inplace: true")
-        directory = resolve_under_roots(path, self.weight_roots)
-        adapter = read_lora_adapter(name, directory, self.engine.model)
+        directory = weight_directory(path, self.weight_roots)
+        adapter = read_lora_adapter(name, directory, self.engine.model, self.weight_roots)
         if self.max_lora_rank is not None and adapter.rank > self.max_lora_rank:
             raise WeightLoadError(
                 f"adapter rank {adapter.rank} exceeds inference.max_lora_rank {self.max_lora_rank}"

@@ -1,8 +1,11 @@
 """Reading weights into a running model: full Hugging Face checkpoints and PEFT LoRA adapters.
 
-Only directories under the configured roots are read: an HTTP client cannot make the server open
-arbitrary files. Adapters are merged into the weights (W + scale · B·A) on top of a kept copy
-of the base weights, so loading an adapter in place never stacks on the previous one.
+Only files under the configured roots are read: every file is resolved (symlinks, `..` in a
+shard index) and checked before it is opened, so an HTTP client cannot make the server open
+arbitrary files. An update is checked whole before any weight changes: a refused one leaves the
+served weights exactly as they were. Adapters are merged into the weights (W + scale · B·A) on
+top of a kept copy of the base weights, so loading an adapter in place never stacks on the
+previous one.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -21,42 +25,63 @@ class WeightLoadError(ValueError):
     """The directory is missing, outside the allowed roots, or does not fit the model."""
 
 
-def resolve_under_roots(path: str, roots: list[str]) -> Path:
-    """The real path of `path`, which must lie under one of `roots` (symlinks resolved)."""
+def resolve_under_roots(path: str | Path, roots: list[str]) -> Path:
+    """The real path of `path` (symlinks resolved), which must lie under one of `roots`."""
+    if "\x00" in str(path):
+        raise WeightLoadError(f"{path!r}: a path cannot contain NUL")
     resolved = Path(path).expanduser().resolve()
     for root in roots:
         root_path = Path(root).expanduser().resolve()
         if resolved == root_path or root_path in resolved.parents:
-            if not resolved.is_dir():
-                raise WeightLoadError(f"{path}: not a directory")
             return resolved
     raise WeightLoadError(
         f"{path}: outside the allowed weight roots {roots} (set inference.weight_roots)"
     )
 
 
-def read_safetensors_dir(directory: Path) -> dict[str, torch.Tensor]:
+def weight_directory(path: str, roots: list[str]) -> Path:
+    directory = resolve_under_roots(path, roots)
+    if not directory.is_dir():
+        raise WeightLoadError(f"{path}: not a directory")
+    return directory
+
+
+def read_safetensors_dir(directory: Path, roots: list[str]) -> dict[str, torch.Tensor]:
     """All tensors of `model.safetensors`, or of the shards its index names."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        shard_names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [directory / name for name in shard_names]
+        weight_map = read_json(index, roots).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise WeightLoadError(f"{index}: no `weight_map`")
+        files = [directory / str(name) for name in sorted(set(weight_map.values()))]
     else:
         files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise WeightLoadError(f"{directory}: no .safetensors files")
     tensors: dict[str, torch.Tensor] = {}
     for file in files:
+        resolved = resolve_under_roots(file, roots)
         try:
-            tensors.update(load_file(file))
+            tensors.update(load_file(resolved))
         except (SafetensorError, OSError) as error:
             raise WeightLoadError(f"{file}: cannot read safetensors ({error})") from error
     return tensors
 
 
-def load_full_weights(model: torch.nn.Module, directory: Path) -> None:
+def read_json(file: Path, roots: list[str]) -> dict[str, Any]:
+    resolved = resolve_under_roots(file, roots)
+    try:
+        data = json.loads(resolved.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise WeightLoadError(f"{file}: not readable JSON ({error})") from error
+    if not isinstance(data, dict):
+        raise WeightLoadError(f"{file}: not a JSON object")
+    return data
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path, roots: list[str]) -> None:
     """Copy a checkpoint's tensors into the model in place; every parameter must be covered."""
-    tensors = read_safetensors_dir(directory)
+    tensors = read_safetensors_dir(directory, roots)
     parameters = dict(model.named_parameters())
     missing = [name for name in parameters if name not in tensors and not _is_tied(model, name)]
     unknown = [name for name in tensors if name not in parameters]
@@ -88,16 +113,24 @@ class LoraAdapter:
     deltas: dict[str, torch.Tensor]  # model parameter name -> scale · B·A
 
 
-def read_lora_adapter(name: str, directory: Path, model: torch.nn.Module) -> LoraAdapter:
-    """Read a PEFT adapter directory into per-weight deltas for this model."""
+def read_lora_adapter(
+    name: str, directory: Path, model: torch.nn.Module, roots: list[str]
+) -> LoraAdapter:
+    """Read a PEFT adapter directory into per-weight deltas for this model, every one checked
+    (rank, shapes, finite values) before the caller changes anything."""
     config_file = directory / "adapter_config.json"
     if not config_file.exists():
         raise WeightLoadError(f"{directory}: no adapter_config.json (not a PEFT adapter)")
-    config = json.loads(config_file.read_text())
-    rank = int(config["r"])
-    alpha = float(config.get("lora_alpha", rank))
+    config = read_json(config_file, roots)
+    rank, alpha = config.get("r"), config.get("lora_alpha", config.get("r"))
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+        raise WeightLoadError(f"{config_file}: `r` must be a positive integer, not {rank!r}")
+    if not isinstance(alpha, int | float) or isinstance(alpha, bool) or not math.isfinite(alpha):
+        raise WeightLoadError(f"{config_file}: `lora_alpha` must be a number, not {alpha!r}")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise WeightLoadError(f"{config_file}: per-module ranks (rank_pattern) are not supported")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    tensors = read_safetensors_dir(directory)
+    tensors = read_safetensors_dir(directory, roots)
     parameters = dict(model.named_parameters())
     deltas: dict[str, torch.Tensor] = {}
     for key, lora_a in tensors.items():
@@ -109,7 +142,20 @@ def read_lora_adapter(name: str, directory: Path, model: torch.nn.Module) -> Lor
         target = _target_parameter(key.split(".lora_A.")[0])
         if target not in parameters:
             raise WeightLoadError(f"{directory}: adapter targets `{target}`, not in the model")
-        deltas[target] = scale * (lora_b.float() @ lora_a.float())
+        expected = parameters[target].shape
+        if (
+            lora_a.ndim != 2 or lora_b.ndim != 2 or lora_a.shape[0] != rank
+            or lora_b.shape[1] != rank or (lora_b.shape[0], lora_a.shape[1]) != tuple(expected)
+        ):  # fmt: skip
+            raise WeightLoadError(
+                f"{directory}: `{key}` is {tuple(lora_a.shape)} and its lora_B "
+                f"{tuple(lora_b.shape)}; rank {rank} on `{target}` {tuple(expected)} needs "
+                f"({rank}, {expected[1]}) and ({expected[0]}, {rank})"
+            )
+        delta = scale * (lora_b.float() @ lora_a.float())
+        if not torch.isfinite(delta).all():
+            raise WeightLoadError(f"{directory}: `{key}` holds values that are not finite")
+        deltas[target] = delta
     if not deltas:
         raise WeightLoadError(f"{directory}: adapter holds no LoRA weights")
     return LoraAdapter(name=name, path=directory, rank=rank, deltas=deltas)

@@ -38,8 +38,9 @@ from asyncrl.orchestrator.engine_api import ChatTemplate
 from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
+from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.transport.batches import forget_batches_after
-from asyncrl.transport.broadcast import latest_broadcast
+from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.types import TrainingBatch
 from asyncrl.waiting import Wait
@@ -201,6 +202,7 @@ class Orchestrator:
         restored as `ckpt.skip_progress` / `ckpt.skip_buffer` allow; batches the crashed run
         wrote after that step are removed (the trainer never trained on them)."""
         ckpt = self.config.ckpt
+        remove_staging_leftovers(self.run_dir / "rollouts")  # what a crash left half-written
         step = resolve_resume_step(ckpt.resume_step, self.run_dir, ("orchestrator",))
         if step is None:
             return 0
@@ -244,11 +246,12 @@ class Orchestrator:
             self.config.ckpt.wait_for_weights_timeout,
         )  # fmt: skip
         while True:
-            broadcast = latest_broadcast(self.run_dir)
-            if broadcast is not None and broadcast.step > self.clients.oldest_version():
-                await self.clients.load(broadcast, LORA_NAME)
-                if broadcast.kind == "lora":
-                    self.request_model = LORA_NAME
+            async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
+                broadcast = latest_broadcast(self.run_dir)
+                if broadcast is not None and broadcast.step > self.clients.oldest_version():
+                    await self.clients.load(broadcast, LORA_NAME)
+                    if broadcast.kind == "lora":
+                        self.request_model = LORA_NAME
             if self.clients.oldest_version() >= need:
                 return
             wait.check()

@@ -24,6 +24,7 @@ from asyncrl.checkpoint.layout import checkpoint_dir, prune, resolve_resume_step
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
@@ -46,7 +47,12 @@ from asyncrl.trainer.parallel import (
 )
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
-from asyncrl.transport.broadcast import forget_broadcasts_after, publish_marker, publish_weights
+from asyncrl.transport.broadcast import (
+    broadcasts_dir,
+    forget_broadcasts_after,
+    publish_marker,
+    publish_weights,
+)
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -164,6 +170,8 @@ def resume(
     """The step training resumes after (0 for a fresh start). Broadcasts the crashed run made
     after that step are removed: they belong to a future this run will redo."""
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
+    if ranks.is_main:  # what a crash left half-written
+        remove_staging_leftovers(broadcasts_dir(run_dir))
     step = resolve_resume_step(config.resume_step, run_dir, ("trainer",), root)
     if step is None:
         return 0

@@ -3,14 +3,21 @@ checkpoint (full weights) or a PEFT adapter (LoRA), with a `STABLE` marker.
 
 The directory is filled under a temporary name and renamed whole; `STABLE` (JSON: step, kind,
 fingerprint) is written inside it last, so a reader that sees `STABLE` sees complete weights.
-Old steps are pruned, keeping the newest `keep` (what `max_async_level` may still ask for).
+Old steps are pruned, keeping the newest `keep` (what `max_async_level` may still ask for),
+but never while the orchestrator has servers loading one: it holds `broadcasts/.lock` shared
+meanwhile, pruning needs it exclusive and otherwise waits for the next publish (`flock`: local
+filesystems, and NFS, where Linux maps it to byte-range locks).
 """
 
 from __future__ import annotations
 
+import asyncio
+import fcntl
 import json
 import shutil
 import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -102,9 +109,39 @@ def latest_broadcast(run_dir: str | Path, at_least: int = 0) -> Broadcast | None
 
 
 def prune(run_dir: str | Path, keep: int) -> None:
-    steps = stable_steps(run_dir)
-    for step in steps[: max(0, len(steps) - keep)]:
-        shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)
+    """Remove all but the newest `keep` broadcasts, unless servers are loading one now."""
+    with _lock(run_dir, fcntl.LOCK_EX) as locked:
+        if not locked:
+            return
+        steps = stable_steps(run_dir)
+        for step in steps[: max(0, len(steps) - keep)]:
+            shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)
+
+
+@asynccontextmanager
+async def broadcasts_in_use(run_dir: str | Path) -> AsyncIterator[None]:
+    """Hold off pruning while servers are told to load a broadcast (the trainer prunes in a
+    few milliseconds: wait for it rather than block the event loop)."""
+    while True:
+        with _lock(run_dir, fcntl.LOCK_SH) as locked:
+            if locked:
+                yield
+                return
+        await asyncio.sleep(0.01)
+
+
+@contextmanager
+def _lock(run_dir: str | Path, kind: int) -> Iterator[bool]:
+    """`broadcasts/.lock` taken shared or exclusive without waiting: True if it was."""
+    path = broadcasts_dir(run_dir) / ".lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as handle:
+        try:
+            fcntl.flock(handle, kind | fcntl.LOCK_NB)
+            locked = True
+        except BlockingIOError:
+            locked = False
+        yield locked  # closing the file releases the lock
 
 
 def forget_broadcasts_after(run_dir: str | Path, step: int) -> None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
 import time
 from collections.abc import Iterator
@@ -153,6 +156,84 @@ def test_a_directory_that_does_not_fit_the_model_is_refused_and_nothing_changes(
     response = httpx.post(f"{url}/update_weights", json={"weight_dir": str(roots / "step_98")})
     assert response.status_code == 400 and "shape mismatch" in response.json()["error"]["message"]
     assert httpx.get(f"{url}/weight_info").json() == before
+
+
+def test_shard_names_and_symlinks_cannot_reach_outside_the_roots(
+    url: str, roots: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Only the directory used to be checked: an index naming `../../outside` shards, or a
+    symlinked `*.safetensors`, loaded weights from anywhere."""
+    before = httpx.get(f"{url}/weight_info").json()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "model.safetensors").write_bytes((tiny_model_dir / "model.safetensors").read_bytes())
+    indexed = roots / "step_50"
+    indexed.mkdir()
+    escape = os.path.relpath(outside / "model.safetensors", indexed)  # ../../…/outside/…
+    weight_map = {"model.norm.weight": escape}
+    (indexed / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    assert (indexed / weight_map["model.norm.weight"]).resolve().exists()  # it does escape
+    linked = roots / "step_51"
+    linked.mkdir()
+    (linked / "model.safetensors").symlink_to(outside / "model.safetensors")
+    for directory in (indexed, linked):
+        response = httpx.post(f"{url}/update_weights", json={"weight_dir": str(directory)})
+        assert response.status_code == 400, response.text
+        assert "outside the allowed weight roots" in response.json()["error"]["message"]
+    assert httpx.get(f"{url}/weight_info").json() == before
+
+
+def tampered_adapter(
+    source: Path, target: Path, config: dict | str | None = None, **tensors: torch.Tensor
+) -> Path:
+    """A copy of the adapter in `source` with its config or some tensors replaced."""
+    target.mkdir()
+    data = load_file(source / "adapter_model.safetensors")
+    data.update({key.replace("__", "."): value for key, value in tensors.items()})
+    save_file(data, target / "adapter_model.safetensors")
+    original = json.loads((source / "adapter_config.json").read_text())
+    if isinstance(config, dict):
+        original.update(config)
+    text = config if isinstance(config, str) else json.dumps(original)
+    (target / "adapter_config.json").write_text(text)
+    return target
+
+
+def test_a_bad_lora_adapter_is_refused_whole_and_nothing_changes(
+    url: str, roots: Path, tiny_model_dir: Path
+) -> None:
+    """A failure half-way used to leave some deltas applied under the old fingerprint, and
+    wrong shapes that broadcast loaded silently; a missing `r` or bad JSON gave 500."""
+    source = roots / "lora_good"
+    make_adapter(tiny_model_dir, source, seed=5)
+    keys = sorted(load_file(source / "adapter_model.safetensors"))
+    last_b = next(key for key in reversed(keys) if ".lora_B." in key)  # fails after the others
+    rank = 4
+    out_features = load_file(source / "adapter_model.safetensors")[last_b].shape[0]
+    before = httpx.get(f"{url}/weight_info").json()
+    cases = {
+        "bad_json": ({}, "{not json", "not readable JSON"),
+        "no_rank": ({}, {"r": None}, "`r` must be a positive integer"),
+        "zero_rank": ({}, {"r": 0}, "`r` must be a positive integer"),
+        "broadcastable": ({last_b: torch.ones(1, rank)}, None, "needs"),
+        "wrong_rank": ({last_b: torch.ones(out_features, rank + 1)}, None, "needs"),
+        "not_finite": ({last_b: torch.full((out_features, rank), math.inf)}, None, "not finite"),
+    }
+    for name, (tensors, config, message) in cases.items():
+        adapter = tampered_adapter(
+            source,
+            roots / f"lora_{name}",
+            config,
+            **{k.replace(".", "__"): v for k, v in tensors.items()},
+        )
+        load = {"lora_name": "policy", "lora_path": str(adapter)}
+        response = httpx.post(f"{url}/v1/load_lora_adapter", json=load)
+        assert response.status_code == 400, (name, response.text)
+        assert message in response.json()["error"]["message"], name
+        assert httpx.get(f"{url}/weight_info").json() == before, name
+        assert [m["id"] for m in httpx.get(f"{url}/v1/models").json()["data"]] == [
+            str(tiny_model_dir)
+        ]
 
 
 def running_requests(url: str) -> float:

@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -50,3 +52,38 @@ def test_old_broadcasts_are_pruned_and_incomplete_ones_ignored(
     assert read_broadcast(tmp_path / "broadcasts" / "step_9") is None
     assert latest_broadcast(tmp_path).step == 5
     assert latest_broadcast(tmp_path, at_least=6) is None
+
+
+def test_no_broadcast_is_pruned_while_servers_load_one(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Pruning used to delete the step a server was reading; now it waits for the next publish
+    while the orchestrator holds the broadcasts in use (a real flock, from another process)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    publish_weights(tmp_path, 1, model, keep=1)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_IN_USE, str(tmp_path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        publish_weights(tmp_path, 2, model, keep=1)
+        publish_weights(tmp_path, 3, model, keep=1)
+        assert stable_steps(tmp_path) == [1, 2, 3]  # nothing pruned while loading
+    finally:
+        holder.kill()
+        holder.wait()
+    publish_weights(tmp_path, 4, model, keep=1)
+    assert stable_steps(tmp_path) == [4]
+
+
+HOLD_IN_USE = """
+import asyncio, sys, time
+from asyncrl.transport.broadcast import broadcasts_in_use
+
+async def hold():
+    async with broadcasts_in_use(sys.argv[1]):
+        print("held", flush=True)
+        time.sleep(60)
+
+asyncio.run(hold())
+"""
