@@ -60,6 +60,28 @@ class InferenceConfig(StrictModel):
     max_request_bytes: int = Field(
         16 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
+    max_prompts_per_request: int = Field(
+        1024, ge=1, description="Prompts one completions request may carry (400 above)."
+    )
+    max_queued_seqs: int = Field(
+        4096,
+        ge=1,
+        description="Sequences waiting for a slot before new requests get 503 (clients retry).",
+    )
+    max_connections: int = Field(
+        1024, ge=1, description="Open connections served at once (503 above, by uvicorn)."
+    )
+    request_read_timeout: float = Field(
+        30, gt=0, description="Seconds a client may take to send its request body (408 after)."
+    )
+    shutdown_timeout: float = Field(
+        5, gt=0, description="Seconds in-flight requests get to finish on SIGTERM."
+    )
+    trust_request_chat_template: bool = Field(
+        False,
+        description="Let requests pass their own `chat_template` (in `chat_template_kwargs`). "
+        "Off: a template is code the server runs, and can take unbounded time and memory.",
+    )
     max_model_len: int | None = Field(
         None, gt=0, description="Maximum context length (prompt + completion); null = model's."
     )

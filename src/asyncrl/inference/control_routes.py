@@ -5,11 +5,10 @@ orchestrator drives every engine the same way."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
-from fastapi.params import Depends
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from asyncrl import __version__
@@ -45,10 +44,10 @@ def open_router(served: ServedModel, receiver: WeightReceiverThread | None) -> A
     return router
 
 
-def control_router(served: ServedModel, guarded: Sequence[Depends]) -> APIRouter:
+def control_router(served: ServedModel) -> APIRouter:
     """Weights, adapters, pause and resume: behind the API key when there is one."""
     engine = served.engine
-    router = APIRouter(dependencies=list(guarded))
+    router = APIRouter()
 
     async def weights_call(function: Callable[..., WeightInfo], *args: Any) -> dict[str, Any]:
         try:

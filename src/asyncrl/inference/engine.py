@@ -9,6 +9,7 @@ running batch between decode steps, and finished ones leave it at once.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 import time
 from collections import deque
@@ -22,7 +23,7 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.kv_cache import SlotKVCache
-from asyncrl.inference.sampling import SamplingParams, SequenceView, sample
+from asyncrl.inference.sampling import SampleResult, SamplingParams, SequenceView, sample
 from asyncrl.log import get_logger
 from asyncrl.types import PauseMode
 
@@ -116,6 +117,7 @@ class Engine:
         self._paused = False
         self._draining = False
         self._stopped = False
+        self._closed = False  # shutting down: every request, held or new, ends as aborted
         self.weight_version = 0  # set between steps by whoever loads weights (run_exclusive)
         self.stats = EngineStats()
         self._thread = threading.Thread(target=self._loop, name="asyncrl-engine", daemon=True)
@@ -130,7 +132,10 @@ class Engine:
                 generator = torch.Generator(self.device).manual_seed(params.seed + index)
             request.sequences.append(Sequence(request, index, generator))
         with self._condition:
-            if self._paused or self._draining:
+            if self._closed:
+                for sequence in request.sequences:
+                    self._finish(sequence, "abort")
+            elif self._paused or self._draining:
                 self._held.append(request)
             else:
                 self._waiting.extend(request.sequences)
@@ -188,11 +193,22 @@ class Engine:
             held = sum(len(r.sequences) for r in self._held)
             return len(self._running), len(self._waiting) + held
 
+    def close(self) -> None:
+        """Abort everything in flight, held by a pause included, and every later request: the
+        server can then shut down without waiting on requests that would never finish."""
+        with self._condition:
+            self._closed = True
+            held = [s for request in self._held for s in request.sequences]
+            self._held.clear()
+            for sequence in [*self._running, *self._waiting, *held]:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
     def shutdown(self) -> None:
+        self.close()
         with self._condition:
             self._stopped = True
-            for sequence in [*self._running, *self._waiting]:
-                self._finish(sequence, "abort")
             self._condition.notify_all()
         self._thread.join(timeout=10)
 
@@ -302,12 +318,16 @@ class Engine:
                 for s in sequences
             ]
         )
-        result = sample(step_logits, views, self.eos_token_ids)
+        result = self._sample(step_logits, views)
         tokens = result.tokens.tolist()
         chosen = result.logprobs.tolist()
+        failed = set(result.failed)
         with self._condition:
             for row, sequence in enumerate(sequences):
                 if sequence.finish_reason is not None:  # aborted during the forward pass
+                    continue
+                if row in failed:  # its own parameters broke its distribution: it alone ends
+                    self._finish(sequence, "abort")
                     continue
                 sequence.output_ids.append(tokens[row])
                 sequence.logprobs.append(chosen[row])
@@ -318,6 +338,32 @@ class Engine:
                     values = result.top_logprobs[row, :wanted].tolist()
                     sequence.top_logprobs.append(list(zip(ids, values, strict=True)))
                 self._check_finished(sequence)
+
+    def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:
+        """Sample the batch; if that raises, row by row (results on the CPU, where the caller
+        reads them), so that only the rows that raise fail."""
+        try:
+            return sample(logits, views, self.eos_token_ids)
+        except Exception:
+            logger.exception("sampling the batch failed; sampling row by row")
+        rows: list[SampleResult] = []
+        failed: list[int] = []
+        for row, view in enumerate(views):
+            try:
+                rows.append(sample(logits[row : row + 1], [view], self.eos_token_ids))
+            except Exception:
+                failed.append(row)
+                rows.append(SampleResult(torch.zeros(1, dtype=torch.long), torch.zeros(1)))
+        width = max((r.top_ids.shape[1] for r in rows if r.top_ids is not None), default=0)
+        return SampleResult(
+            torch.cat([r.tokens.cpu() for r in rows]),
+            torch.cat([r.logprobs.cpu() for r in rows]),
+            torch.cat([_top(r.top_ids, width, 0, torch.long) for r in rows]) if width else None,
+            torch.cat([_top(r.top_logprobs, width, -math.inf, torch.float32) for r in rows])
+            if width
+            else None,
+            sorted(failed + [row for row, r in enumerate(rows) if r.failed]),
+        )
 
     def _check_finished(self, sequence: Sequence) -> None:
         params = sequence.request.params
@@ -361,6 +407,15 @@ class Engine:
         if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
             request.done.set_result([_output(s) for s in request.sequences])
         self._condition.notify_all()
+
+
+def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """One row of top ids / logprobs padded to `width` columns (rows may ask for fewer)."""
+    if values is None:
+        return torch.full((1, width), fill, dtype=dtype)
+    values = values.cpu()
+    missing = width - values.shape[1]
+    return torch.nn.functional.pad(values, (0, missing), value=fill) if missing else values
 
 
 def _output(sequence: Sequence) -> CompletionOutput:

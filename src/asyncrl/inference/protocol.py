@@ -2,6 +2,9 @@
 
 Unknown request fields are ignored (as vLLM does) but sampling features we do not implement are
 refused when set (penalties other than repetition, beam search, streaming), never ignored.
+Values that would break the shared engine step are refused here with a 400: non-finite numbers,
+temperatures between 0 and `MIN_TEMPERATURE`, extreme repetition penalties, seeds beyond 64
+bits, strings that are not valid Unicode (lone surrogates), booleans given as token ids.
 """
 
 from __future__ import annotations
@@ -10,26 +13,53 @@ import time
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
 from asyncrl.inference.engine import CompletionOutput
 from asyncrl.inference.sampling import SamplingParams
 
+MIN_TEMPERATURE = 1e-2  # below it (but above 0) logits / T overflow; vLLM clamps here too
+TokenId = Annotated[StrictInt, Field(ge=0)]
 
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
 
+def _valid_unicode(value: Any, where: str = "body") -> None:
+    """Refuse lone surrogates (valid JSON escapes, not encodable text) anywhere in the body."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{where}: not valid Unicode ({error.reason})") from None
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _valid_unicode(key, where)
+            _valid_unicode(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for item in value:
+            _valid_unicode(item, where)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        _valid_unicode(data)
+        return data
+
+
+class _Request(_Body):
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
-    max_tokens: int | None = Field(None, ge=0)
+    max_tokens: int | None = Field(None, ge=1)
     min_tokens: int = Field(0, ge=0)
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1)
-    repetition_penalty: float | None = Field(None, gt=0)
+    repetition_penalty: float | None = Field(None, ge=1e-2, le=1e2)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     ignore_eos: bool = False
     stream: bool = False
     presence_penalty: float | None = None
@@ -39,6 +69,15 @@ class _Request(BaseModel):
 
     @model_validator(mode="after")
     def _refuse_unimplemented(self) -> _Request:
+        if self.temperature is not None and 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"`temperature` must be 0 (greedy) or at least {MIN_TEMPERATURE}, "
+                f"not {self.temperature}"
+            )
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(
+                f"`min_tokens` ({self.min_tokens}) must not exceed `max_tokens` ({self.max_tokens})"
+            )
         if self.stream:
             raise ValueError("`stream: true` is not supported by the embedded engine")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -63,12 +102,12 @@ class _Request(BaseModel):
         )
 
 
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIds = list[TokenId]
 
 
 class CompletionRequest(_Request):
     prompt: str | list[str] | TokenIds | list[TokenIds]
-    max_tokens: int | None = Field(16, ge=0)
+    max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
 
@@ -76,6 +115,8 @@ class CompletionRequest(_Request):
     def _no_echo(self) -> CompletionRequest:
         if self.echo:
             raise ValueError("`echo` is not supported")
+        if self.prompt == []:
+            raise ValueError("`prompt` is empty")
         return self
 
     def prompts(self) -> list[str | list[int]]:
@@ -89,14 +130,14 @@ class CompletionRequest(_Request):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
     role: str
     content: str | None = ""
 
 
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
@@ -111,8 +152,7 @@ class ChatCompletionRequest(_Request):
         return self
 
 
-class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class TokenizeRequest(_Body):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
@@ -120,25 +160,43 @@ class TokenizeRequest(BaseModel):
     add_generation_prompt: bool = True
 
 
-class UpdateWeightsRequest(BaseModel):
+class UpdateWeightsRequest(_Body):
     weight_dir: str
     version: int | None = Field(None, ge=0, description="Policy version (trainer step) of them.")
 
 
-class LoadLoraRequest(BaseModel):
+class LoadLoraRequest(_Body):
     lora_name: str = Field(min_length=1)
     lora_path: str
     load_inplace: bool = False
 
 
-class UnloadLoraRequest(BaseModel):
+class UnloadLoraRequest(_Body):
     lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None
 
 
 # responses ----------------------------------------------------------------------------------------
+LOWEST_LOGPROB = -9999.0  # what -inf (a token top-k/top-p removed) is reported as, as in vLLM
+
+
 def _token_text(token_id: int, tokenizer: Any, as_ids: bool) -> str:
     return f"token_id:{token_id}" if as_ids else tokenizer.decode([token_id])
+
+
+def _reported(logprob: float) -> float:
+    """JSON has no -inf: a removed token's logprob is reported as LOWEST_LOGPROB."""
+    return max(logprob, LOWEST_LOGPROB)
+
+
+def _top_entries(step: list[tuple[int, float]], tokenizer: Any, as_ids: bool) -> dict[str, float]:
+    """Top logprobs keyed by token text; two ids with the same text (special tokens decode to
+    "") would overwrite each other, so the later one is keyed `token_id:N` instead."""
+    entries: dict[str, float] = {}
+    for token_id, value in step:
+        text = _token_text(token_id, tokenizer, as_ids)
+        entries[text if text not in entries else f"token_id:{token_id}"] = _reported(value)
+    return entries
 
 
 def completion_choice(
@@ -164,12 +222,9 @@ def completion_choice(
             position += len(token)
         choice["logprobs"] = {
             "text_offset": offsets,
-            "token_logprobs": output.logprobs,
+            "token_logprobs": [_reported(value) for value in output.logprobs],
             "tokens": tokens,
-            "top_logprobs": [
-                {_token_text(t, tokenizer, as_ids): value for t, value in step}
-                for step in output.top_logprobs
-            ]
+            "top_logprobs": [_top_entries(step, tokenizer, as_ids) for step in output.top_logprobs]
             if request.logprobs
             else None,
         }
@@ -195,7 +250,7 @@ def chat_choice(
 
         def entry(token_id: int, logprob: float) -> dict[str, Any]:
             text = _token_text(token_id, tokenizer, as_ids)
-            return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+            return {"token": text, "logprob": _reported(logprob), "bytes": list(text.encode())}
 
         content = []
         for position, (token_id, logprob) in enumerate(

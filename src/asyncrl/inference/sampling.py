@@ -5,6 +5,10 @@ distribution it was actually sampled from — logits after repetition penalty, `
 suppression, temperature and top-k / top-p truncation, renormalised. This is vLLM's
 `processed_logprobs` mode. With temperature 1 and no truncation it is the model's plain
 log-softmax; greedy requests (temperature 0) report the log-softmax at temperature 1.
+
+One request's extreme parameters must not cost the others their step: a row whose distribution
+is not a distribution (NaN or +inf after processing, every token removed) is sampled from a
+stand-in and reported in `SampleResult.failed`, for the engine to abort that sequence alone.
 """
 
 from __future__ import annotations
@@ -57,7 +61,8 @@ def process_logits(
                 values > 0, values / params.repetition_penalty, values * params.repetition_penalty
             )
         if sequence.num_generated < params.min_tokens:
-            banned = [*eos_token_ids, *params.stop_token_ids]
+            vocab = logits.shape[-1]  # a stop id beyond the vocabulary can never be sampled
+            banned = [t for t in [*eos_token_ids, *params.stop_token_ids] if 0 <= t < vocab]
             logits[row, banned] = float("-inf")
     temperatures = torch.tensor(
         [s.params.temperature if not s.params.greedy else 1.0 for s in sequences],
@@ -78,7 +83,8 @@ def _truncate(logits: torch.Tensor, sequences: list[SequenceView]) -> torch.Tens
     vocab = logits.shape[-1]
     device = logits.device
     top_k = torch.tensor(
-        [s.params.top_k if s.params.top_k > 0 else vocab for s in sequences], device=device
+        [min(s.params.top_k, vocab) if s.params.top_k > 0 else vocab for s in sequences],
+        device=device,
     )
     top_p = torch.tensor([s.params.top_p for s in sequences], device=device).unsqueeze(1)
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
@@ -95,8 +101,9 @@ def _truncate(logits: torch.Tensor, sequences: list[SequenceView]) -> torch.Tens
 class SampleResult:
     tokens: torch.Tensor  # [batch] long
     logprobs: torch.Tensor  # [batch] float32: logprob of each sampled token
-    top_ids: torch.Tensor | None  # [batch, k] long, when any sequence asked for top logprobs
-    top_logprobs: torch.Tensor | None  # [batch, k] float32
+    top_ids: torch.Tensor | None = None  # [batch, k] long, when a sequence asked for top logprobs
+    top_logprobs: torch.Tensor | None = None  # [batch, k] float32
+    failed: list[int] = field(default_factory=list)  # rows without a valid distribution
 
 
 def sample(
@@ -104,6 +111,11 @@ def sample(
 ) -> SampleResult:
     """Sample one token per row from `process_logits`; seeded rows use their own generator."""
     processed = process_logits(logits, sequences, eos_token_ids)
+    broken = processed.isnan().any(dim=-1) | (processed == float("inf")).any(dim=-1)
+    broken |= (processed == float("-inf")).all(dim=-1)
+    failed = broken.nonzero().flatten().tolist()
+    if failed:  # a uniform stand-in keeps the batch going; the engine aborts these rows
+        processed[broken] = 0.0
     logprobs_all = torch.log_softmax(processed, dim=-1)  # [batch, vocab]
     probs = logprobs_all.exp()
     tokens = torch.argmax(processed, dim=-1)
@@ -119,5 +131,5 @@ def sample(
     wanted = max((s.params.logprobs or 0) for s in sequences)
     if wanted > 0:
         top_logprobs, top_ids = torch.topk(logprobs_all, min(wanted, logprobs_all.shape[-1]))
-        return SampleResult(tokens, chosen, top_ids, top_logprobs)
-    return SampleResult(tokens, chosen, None, None)
+        return SampleResult(tokens, chosen, top_ids, top_logprobs, failed)
+    return SampleResult(tokens, chosen, None, None, failed)

@@ -8,11 +8,14 @@ bad request gets a 4xx with a message; the server keeps serving.
 
 from __future__ import annotations
 
-import hmac
 import os
+import threading
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
-from fastapi import Depends, FastAPI, Request
+import uvicorn
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -20,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.api_errors import APIError, error_response
+from asyncrl.inference.api_key import ApiKeyGuard
 from asyncrl.inference.body_limit import BodySizeLimit
 from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
@@ -65,11 +69,17 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
 def build_app(
     config: InferenceConfig, served: ServedModel, receiver: WeightReceiverThread | None = None
 ) -> FastAPI:
-    """The app: request-size limit, OpenAI-shaped errors, the API key on every route but
-    /health, /version and /metrics, and the two groups of routes."""
+    """The app: the API key on every route but /health, /version and /metrics (checked first),
+    request-size and read-time limits, OpenAI-shaped errors, and the two groups of routes."""
     api_key = os.environ.get(config.api_key_var) or None
     app = FastAPI(title="asyncrl inference", docs_url=None, redoc_url=None)
-    app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=config.max_request_bytes,
+        read_timeout=config.request_read_timeout,
+    )
+    if api_key is not None:  # added last: runs first
+        app.add_middleware(ApiKeyGuard, api_key=api_key)
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError) -> JSONResponse:
@@ -87,24 +97,28 @@ def build_app(
     async def _http(_: Request, error: StarletteHTTPException) -> JSONResponse:
         return error_response(error.status_code, str(error.detail), "HTTPError")
 
-    async def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        given = request.headers.get("authorization", "")
-        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
-            raise APIError(401, "missing or wrong API key", "AuthenticationError")
-
-    guarded = [Depends(authorize)]
     app.include_router(open_router(served, receiver))
-    app.include_router(openai_router(config, served, guarded))
-    app.include_router(control_router(served, guarded))
+    app.include_router(openai_router(config, served))
+    app.include_router(control_router(served))
     return app
+
+
+class ClosingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT, also end the engine's requests (held by a pause ones too), so the
+    graceful shutdown has nothing to wait for; `on_exit` runs on a thread of its own, not in
+    the signal handler."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        threading.Thread(target=self.on_exit, name="asyncrl-close", daemon=True).start()
 
 
 def serve(config: InferenceConfig) -> None:
     """Load the model, start the engine and serve until interrupted."""
-    import uvicorn
-
     served = load_served_model(config)
     receiver = None
     if config.weight_broadcast_type == "nccl":
@@ -119,8 +133,19 @@ def serve(config: InferenceConfig) -> None:
         config.max_num_seqs,
         served.engine.max_model_len,
     )
+    server = ClosingServer(
+        uvicorn.Config(
+            app,
+            host=config.host,
+            port=config.port,
+            log_level="warning",
+            limit_concurrency=config.max_connections,
+            timeout_graceful_shutdown=config.shutdown_timeout,
+        ),
+        on_exit=served.engine.close,
+    )
     try:
-        uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+        server.run()
     finally:
         if receiver is not None:
             receiver.stop()

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncrl.inference import engine as engine_module
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.sampling import SamplingParams
 
@@ -64,3 +65,51 @@ def test_max_model_len_ends_a_sequence_with_length(engine: Engine) -> None:
         timeout=60
     )[0]
     assert output.finish_reason == "length" and len(output.token_ids) == 12
+
+
+SEEDED = SamplingParams(max_tokens=30, temperature=1.0, seed=11, ignore_eos=True)
+EXTREME = {  # each passed validation once, and made the shared step raise for everyone
+    "temperature": (SamplingParams(max_tokens=5, temperature=1e-50), "abort"),
+    "repetition_penalty": (SamplingParams(max_tokens=5, repetition_penalty=5e-324), "abort"),
+    "top_k": (SamplingParams(max_tokens=5, top_k=10**19, ignore_eos=True), "length"),
+    "top_p": (SamplingParams(max_tokens=5, top_p=5e-324, ignore_eos=True), "length"),
+    "stop_token_ids": (
+        SamplingParams(max_tokens=5, min_tokens=3, stop_token_ids=[10**6], ignore_eos=True),
+        "length",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", EXTREME)
+def test_extreme_parameters_cost_only_their_own_sequence(engine: Engine, name: str) -> None:
+    alone = engine.submit([70, 71], SEEDED).done.result(timeout=60)[0]
+    params, reason = EXTREME[name]
+    engine.pause("keep")  # both arrive before the next step: one batch
+    other = engine.submit([70, 71], SEEDED)
+    extreme = engine.submit([80, 81], params)
+    engine.resume()
+    assert extreme.done.result(timeout=60)[0].finish_reason == reason
+    together = other.done.result(timeout=60)[0]
+    assert together.finish_reason == "length" and together.token_ids == alone.token_ids
+
+
+def test_a_sampling_error_aborts_only_the_row_that_raised(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error injected into sampling for one marked request (no such error is known since
+    the fixes above): the batch is sampled again row by row, and only that row ends."""
+    real_sample = engine_module.sample
+
+    def sample(logits, views, eos_token_ids):  # type: ignore[no-untyped-def]
+        if any(view.params.top_k == 7 for view in views):
+            raise RuntimeError("injected")
+        return real_sample(logits, views, eos_token_ids)
+
+    monkeypatch.setattr(engine_module, "sample", sample)
+    alone = engine.submit([70, 71], SEEDED).done.result(timeout=60)[0]
+    engine.pause("keep")  # both arrive before the next step: one batch
+    other = engine.submit([70, 71], SEEDED)
+    marked = engine.submit([80], SamplingParams(max_tokens=400, top_k=7, logprobs=3))
+    engine.resume()
+    assert marked.done.result(timeout=60)[0].finish_reason == "abort"
+    assert other.done.result(timeout=60)[0].token_ids == alone.token_ids
