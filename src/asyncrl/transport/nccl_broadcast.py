@@ -8,10 +8,15 @@ long training step is never mistaken for a dead peer; the transfer itself is bou
 `timeout` and raises instead of hanging.
 
 Full weights only: a LoRA policy broadcasts its adapter through the filesystem.
+
+The store has no authentication, so it listens on the configured host only (torch's own server
+would listen on every interface): loopback by default, the trainer's address on a cluster,
+where the network between nodes must be trusted.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -27,11 +32,15 @@ def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def join_group(host: str, port: int, rank: int, world_size: int, timeout: float) -> dist.TCPStore:
-    """Join the weight group (rank 0 hosts the store); returns the store for step signalling."""
+def join_group(
+    host: str, port: int, rank: int, world_size: int, timeout: float, listener: socket.socket | None
+) -> dist.TCPStore:
+    """Join the weight group (rank 0 hosts the store on `listener`); returns the store for
+    step signalling."""
     store = dist.TCPStore(
-        host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout)
-    )
+        host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout),
+        master_listen_fd=listener.fileno() if listener else None,
+    )  # fmt: skip
     dist.init_process_group(
         _backend(), store=store, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=timeout),
@@ -46,7 +55,8 @@ class WeightSender:
         logger.info(
             "weight broadcast: waiting for %d inference rank(s) on %s:%d", receivers, host, port
         )
-        self.store = join_group(host, port, 0, receivers + 1, timeout)
+        self.listener = socket.create_server((host, port))  # `host` only; open while we serve
+        self.store = join_group(host, port, 0, receivers + 1, timeout, self.listener)
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
     @torch.no_grad()
@@ -71,7 +81,7 @@ class WeightReceiver:
     """Rank >= 1: an inference server. `receive` blocks until the trainer sends a step."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        self.store = join_group(host, port, rank, world_size, timeout)
+        self.store = join_group(host, port, rank, world_size, timeout, listener=None)
         self.next_step = 1
 
     @torch.no_grad()

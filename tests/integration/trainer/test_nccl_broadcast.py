@@ -4,6 +4,7 @@ the trainer sends each step's weights straight into the live embedded server."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import time
@@ -63,3 +64,41 @@ def test_a_sender_without_receivers_raises_within_its_timeout() -> None:
     assert result.returncode != 0
     assert time.monotonic() - started < 60
     assert "timed out" in result.stderr.lower() or "timeout" in result.stderr.lower()
+
+
+def outward_address() -> str | None:
+    """This machine's address on its default route (a UDP connect sends nothing), if any."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 9))
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def test_the_rendezvous_store_listens_on_the_configured_host_only() -> None:
+    """The store has no authentication; torch's own server listened on every interface."""
+    outside = outward_address()
+    if outside is None:
+        pytest.skip("this machine has no address but loopback to try from")
+    port = free_port()
+    script = (
+        "from asyncrl.transport.nccl_broadcast import WeightSender\n"
+        f"WeightSender('127.0.0.1', {port}, receivers=1, timeout=20)\n"
+    )
+    sender = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the sender is up once loopback accepts
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline and sender.poll() is None
+                time.sleep(0.2)
+        with pytest.raises(OSError):
+            socket.create_connection((outside, port), timeout=2).close()
+    finally:
+        sender.kill()
+        sender.wait()
