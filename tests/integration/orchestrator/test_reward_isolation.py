@@ -6,11 +6,12 @@ import asyncio
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from asyncrl.envs import load_environment
-from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.envs.reward_pool import RewardPool, RewardResult
 
 pytestmark = pytest.mark.integration
 
@@ -136,25 +137,43 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+Score = tuple[str, RewardResult, float]  # completion, result, seconds it took
+
+
+def score_each(
+    env_id: str, completions: list[str], steps: bool = False, **limits: Any
+) -> list[Score]:
+    """Score `completions` one after another on a one-worker pool with `limits`."""
+
+    async def scenario() -> list[Score]:
+        env = load_environment(env_id, {})
+        example = env.examples("train", 1)[0]
+        pool = RewardPool(env_id, {}, env.rubric, num_workers=1, **limits)
+        await pool.start()
+        results: list[Score] = []
+        try:
+            for completion in completions:
+                started = time.monotonic()
+                result = await pool.score(completion, example, steps=steps)
+                results.append((completion, result, time.monotonic() - started))
+        finally:
+            await pool.close()
+        assert sum(pool.failures.values()) == sum(
+            len(r.failed) + (r.lost is not None) for _, r, _ in results
+        )  # every failure counted once
+        return results
+
+    return asyncio.run(scenario())
+
+
 def test_subprocess_output_and_stdin_never_reach_the_protocol(env_on_path: str) -> None:
     """fd 1 used to be the answer pipe: `echo` from a reward shifted every later answer by one
     rollout, and a child reading stdin ate the next task."""
-
-    async def scenario() -> None:
-        env = load_environment(env_on_path, {})
-        example = env.examples("train", 1)[0]
-        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=5.0)
-        await pool.start()
-        try:
-            for completion, expected in [("echo", 0.75), ("yes", 1.75), ("read-stdin", 0.75),
-                                         ("yes", 1.75), ("boom", 0.5), ("yes", 1.75)]:  # fmt: skip
-                result = await pool.score(completion, example)
-                assert result.reward == pytest.approx(expected), completion
-                assert result.lost is None
-        finally:
-            await pool.close()
-
-    asyncio.run(scenario())
+    expected = {"echo": 0.75, "yes": 1.75, "read-stdin": 0.75, "boom": 0.5}
+    script = ["echo", "yes", "read-stdin", "yes", "boom", "yes"]
+    for completion, result, _ in score_each(env_on_path, script, timeout=5.0):
+        assert result.reward == pytest.approx(expected[completion]), completion
+        assert result.lost is None
 
 
 def test_a_hung_grandchild_costs_the_timeout_and_leaves_no_process(
@@ -164,81 +183,35 @@ def test_a_hung_grandchild_costs_the_timeout_and_leaves_no_process(
     a detached `sleep 30` outliving `close()`; the whole process group goes now."""
     pid_file = tmp_path / "grandchild.pid"
     monkeypatch.setenv("GRANDCHILD_PID", str(pid_file))
-
-    async def scenario() -> None:
-        env = load_environment(env_on_path, {})
-        example = env.examples("train", 1)[0]
-        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=2.0)
-        await pool.start()
-        try:
-            started = time.monotonic()
-            hung = await pool.score("grandchild", example)
-            assert time.monotonic() - started < 2.0 + 2.5  # the timeout and the kill grace
-            assert hung.lost == "timeout" and hung.reward == 0.0
-            assert not alive(int(pid_file.read_text()))
-            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
-        finally:
-            await pool.close()
-
-    asyncio.run(scenario())
+    (_, hung, seconds), (_, after, _) = score_each(env_on_path, ["grandchild", "yes"], timeout=2.0)
+    assert seconds < 2.0 + 2.5  # the timeout and the kill grace
+    assert hung.lost == "timeout" and hung.reward == 0.0
+    assert not alive(int(pid_file.read_text()))
+    assert after.reward == pytest.approx(1.75)  # a new worker serves
 
 
 def test_an_oversized_answer_marks_the_worker_dead(env_on_path: str) -> None:
-    async def scenario() -> None:
-        env = load_environment(env_on_path, {})
-        example = env.examples("train", 1)[0]
-        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=20.0)
-        await pool.start()
-        try:
-            result = await pool.score("many-steps", example, steps=True)
-            assert result.lost == "worker_protocol" and result.reward == 0.0
-            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
-            assert pool.failures == {"worker_protocol": 1}
-        finally:
-            await pool.close()
-
-    asyncio.run(scenario())
+    (_, big, _), (_, after, _) = score_each(
+        env_on_path, ["many-steps", "yes"], steps=True, timeout=20.0
+    )
+    assert big.lost == "worker_protocol" and big.reward == 0.0
+    assert after.reward == pytest.approx(1.75)
 
 
 def test_an_overflowing_total_is_a_counted_failure_not_a_crash(env_on_path: str) -> None:
     """Each term was finite (1e308), the weighted sum inf: advantages became NaN, and two such
     rewards raised OverflowError in the group mean."""
-
-    async def scenario() -> None:
-        env = load_environment(env_on_path, {})
-        example = env.examples("train", 1)[0]
-        pool = RewardPool(env_on_path, {}, env.rubric, num_workers=1, timeout=5.0)
-        await pool.start()
-        try:
-            huge = await pool.score("huge", example)
-            assert huge.reward == 0.0 and huge.failed == ["out_of_range"]
-            assert pool.failures == {"out_of_range": 1}
-        finally:
-            await pool.close()
-
-    asyncio.run(scenario())
+    [(_, huge, _)] = score_each(env_on_path, ["huge"], timeout=5.0)
+    assert huge.reward == 0.0 and huge.failed == ["out_of_range"]
 
 
 def test_memory_and_cpu_limits_cost_one_rollout(env_on_path: str) -> None:
-    async def scenario() -> None:
-        env = load_environment(env_on_path, {})
-        example = env.examples("train", 1)[0]
-        pool = RewardPool(
-            env_on_path, {}, env.rubric, num_workers=1, timeout=30.0, memory_limit=1.0,
-            cpu_limit=1.0,
-        )  # fmt: skip
-        await pool.start()
-        try:
-            memory = await pool.score("memory", example)  # 3 GiB past a 1 GiB limit
-            assert memory.failed == ["hostile"] and memory.reward == pytest.approx(0.75)
-            started = time.monotonic()
-            spin = await pool.score("spin", example)
-            assert spin.lost == "worker_died" and time.monotonic() - started < 10.0
-            assert (await pool.score("yes", example)).reward == pytest.approx(1.75)
-        finally:
-            await pool.close()
-
-    asyncio.run(scenario())
+    (_, memory, _), (_, spin, seconds), (_, after, _) = score_each(
+        env_on_path, ["memory", "spin", "yes"], timeout=30.0, memory_limit=1.0, cpu_limit=1.0
+    )
+    assert memory.failed == ["hostile"] and memory.reward == pytest.approx(0.75)  # 3 GiB > 1
+    assert spin.lost == "worker_died" and seconds < 10.0  # SIGXCPU, long before the timeout
+    assert after.reward == pytest.approx(1.75)
 
 
 def test_a_cancelled_scoring_never_hands_its_answer_to_the_next_rollout(env_on_path: str) -> None:
