@@ -4,7 +4,7 @@ checkpoint (full weights) or a PEFT adapter (LoRA), with a `STABLE` marker.
 The directory is filled under a temporary name and renamed whole; `STABLE` (JSON: step, kind,
 fingerprint) is written inside it last, so a reader that sees `STABLE` sees complete weights.
 Old steps are pruned, keeping the newest `keep` (what `max_async_level` may still ask for),
-but never while the orchestrator has servers loading one: it holds `broadcasts/.lock` shared
+but never while the orchestrator has servers loading one: it holds `broadcasts/LOCK` shared
 meanwhile, pruning needs it exclusive and otherwise waits for the next publish (`flock`: local
 filesystems, and NFS, where Linux maps it to byte-range locks).
 """
@@ -132,8 +132,8 @@ async def broadcasts_in_use(run_dir: str | Path) -> AsyncIterator[None]:
 
 @contextmanager
 def _lock(run_dir: str | Path, kind: int) -> Iterator[bool]:
-    """`broadcasts/.lock` taken shared or exclusive without waiting: True if it was."""
-    path = broadcasts_dir(run_dir) / ".lock"
+    """`broadcasts/LOCK` taken shared or exclusive without waiting: True if it was."""
+    path = broadcasts_dir(run_dir) / "LOCK"
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         try:
