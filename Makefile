@@ -3,11 +3,12 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.asyncrl-installed
 RAY_STAMP := $(VENV)/.asyncrl-ray-installed
+TRACKERS_STAMP := $(VENV)/.asyncrl-trackers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup ray vllm bench-setup demo test test-fast lint format
+.PHONY: setup ray trackers vllm bench-setup demo test test-fast lint format
 
 setup: $(STAMP)
 
@@ -21,6 +22,13 @@ ray: $(RAY_STAMP)
 $(RAY_STAMP): $(STAMP)
 	VENV=$(VENV) EXTRAS=dev,ray bash scripts/setup.sh
 	touch $(RAY_STAMP)
+
+# W&B and TensorBoard in .venv, for `report_to` and its tests
+trackers: $(TRACKERS_STAMP)
+
+$(TRACKERS_STAMP): $(STAMP)
+	VENV=$(VENV) EXTRAS=dev,trackers bash scripts/setup.sh
+	touch $(TRACKERS_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
@@ -47,7 +55,7 @@ demo: setup
 	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
 
 # every test, the engine contract suite against real vLLM included (no skip allowed)
-test: setup ray vllm lint
+test: setup ray trackers vllm lint
 	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
 
 # the edit-test loop: lint and the unit tests (no vLLM, no Ray, no server start-ups), under 2 min

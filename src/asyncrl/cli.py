@@ -78,10 +78,12 @@ def _rl(config: Any) -> None:
 
 
 def _eval(config: Any) -> None:
-    from asyncrl.evaluate import run_eval
+    from asyncrl.evaluate import run_eval, table
 
-    result = run_eval(config)
-    print(f"mean_reward {result.mean_reward:.4f}")
+    scored = run_eval(config)
+    print(table(scored))
+    if len(scored) == 1:  # the line scripts and the Makefile read
+        print(f"mean_reward {scored[0].result.mean_reward:.4f}")
 
 
 @dataclass(frozen=True)

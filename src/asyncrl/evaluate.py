@@ -1,20 +1,31 @@
-"""`asyncrl eval`: score a model on an environment's held-out split.
+"""`asyncrl eval`: score models on an environment's held-out split.
 
-Generation here is a plain batched `model.generate` in this process, enough for the tiny
-models the quick start uses and independent of any server.
+A model is a Hugging Face directory, an RL broadcast (full weights, or a LoRA adapter merged
+onto its base here), or a run directory, which stands for every broadcast it holds: one call
+scores a run's checkpoints and prints a table. Generation is a plain batched `model.generate`
+in this process, enough for the tiny models the quick start uses and independent of any
+server. The records are those of online evaluation (`monitor/eval_records.py`).
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.config.eval import EvalRunConfig
 from asyncrl.envs import Environment, Example, load_environment, score
 from asyncrl.log import get_logger
+from asyncrl.monitor.eval_records import summarize
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.step_dirs import step_of
+from asyncrl.transport.broadcast import broadcasts_dir, stable_steps
 
 logger = get_logger(__name__)
 
@@ -22,7 +33,7 @@ logger = get_logger(__name__)
 @dataclass(frozen=True)
 class EvalResult:
     mean_reward: float
-    rewards: list[float]
+    rewards: list[float]  # example-major: the k samples of example 0, then of example 1…
     completions: list[str]
 
 
@@ -101,32 +112,94 @@ def evaluate(
     return EvalResult(statistics.fmean(rewards), rewards, completions)
 
 
-def run_eval(config: EvalRunConfig) -> EvalResult:
-    tokenizer = AutoTokenizer.from_pretrained(
-        config.tokenizer or config.model, trust_remote_code=config.trust_remote_code
-    )
-    model = AutoModelForCausalLM.from_pretrained(
-        config.model, dtype=torch.float32, trust_remote_code=config.trust_remote_code
-    )
+@dataclass(frozen=True)
+class ScoredModel:
+    label: str
+    step: int | None  # of a broadcast
+    result: EvalResult
+    record: dict[str, Any]  # the eval/<env>/… record
+
+
+def models_to_score(config: EvalRunConfig) -> list[Path | str]:
+    """`model` then `models`, a run directory expanded into its broadcasts (step order; NCCL
+    markers hold no weights and are skipped)."""
+    expanded: list[Path | str] = []
+    for name in [config.model, *config.models]:
+        path = Path(name)
+        if (path / "broadcasts").is_dir():
+            steps = [broadcasts_dir(path) / f"step_{step}" for step in stable_steps(path)]
+            found = [d for d in steps if any(d.glob("*.safetensors"))]
+            if not found:
+                raise ValueError(f"{path}: no broadcast with weights to score")
+            expanded.extend(found)
+        else:
+            expanded.append(path if path.exists() else name)
+    return expanded
+
+
+def load_policy(
+    name: Path | str, base_model: str | None, tokenizer_name: str | None, trust: bool
+) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    """A model directory as is, or a PEFT adapter merged onto its base (in float32)."""
+    adapter_config = Path(name) / "adapter_config.json"
+    if adapter_config.exists():
+        base = base_model or json.loads(adapter_config.read_text()).get("base_model_name_or_path")
+        if not base:
+            raise ValueError(f"{name}: a LoRA adapter without a base model; set `base_model`")
+        model = AutoModelForCausalLM.from_pretrained(
+            base, dtype=torch.float32, trust_remote_code=trust
+        )
+        model = PeftModel.from_pretrained(model, str(name)).merge_and_unload()
+        tokenizer_source = tokenizer_name or base
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            name, dtype=torch.float32, trust_remote_code=trust
+        )
+        tokenizer_source = tokenizer_name or str(name)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source, trust_remote_code=trust)
+    return model, tokenizer
+
+
+def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
     env = load_environment(config.env.id, config.env.args)
-    result = evaluate(
-        model,
-        tokenizer,
-        env,
-        num_examples=config.num_examples,
-        rollouts_per_example=config.rollouts_per_example,
-        temperature=config.temperature,
-        max_tokens=config.max_tokens,
-        batch_size=config.batch_size,
-        seed=config.seed,
-    )
+    scored: list[ScoredModel] = []
+    for name in models_to_score(config):
+        model, tokenizer = load_policy(
+            name, config.base_model, config.tokenizer, config.trust_remote_code
+        )
+        result = evaluate(
+            model, tokenizer, env,
+            num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
+            temperature=config.temperature, max_tokens=config.max_tokens,
+            batch_size=config.batch_size, seed=config.seed,
+        )  # fmt: skip
+        k = config.rollouts_per_example
+        per_example = [
+            [(reward, []) for reward in result.rewards[start : start + k]]
+            for start in range(0, len(result.rewards), k)
+        ]
+        step = step_of(Path(name)) if isinstance(name, Path) else None
+        record = summarize(env.name, per_example, config.pass_threshold, step or 0)
+        scored.append(ScoredModel(str(name), step, result, record))
+        if config.metrics_file:
+            MetricsWriter(config.metrics_file, role="eval").log(step or 0, record)
     mode = "greedy" if config.temperature == 0 else f"temperature {config.temperature}"
-    logger.info(
-        "%s on %d held-out %s prompts (%s): mean reward %.4f",
-        config.model,
-        config.num_examples,
-        env.name,
-        mode,
-        result.mean_reward,
+    logger.info("%d held-out %s prompts (%s)", config.num_examples, env.name, mode)
+    return scored
+
+
+def table(scored: list[ScoredModel]) -> str:
+    """One line per model: step, mean@k, best@k, pass@k."""
+    if not scored:
+        return ""
+    keys = [key for key in scored[0].record if "@" in key]
+    width = max(len(s.label) for s in scored)
+    header = f"{'model':<{width}}  {'step':>5}  " + "  ".join(
+        f"{k.split('/')[-1]:>8}" for k in keys
     )
-    return result
+    lines = [header]
+    for item in scored:
+        values = "  ".join(f"{item.record[k]:>8.4f}" for k in keys)
+        step = "" if item.step is None else str(item.step)
+        lines.append(f"{item.label:<{width}}  {step:>5}  {values}")
+    return "\n".join(lines)

@@ -9,9 +9,28 @@ from asyncrl.config.env import EnvConfig
 
 
 class EvalRunConfig(StrictModel):
-    model: str = Field(description="Hugging Face model id or local path.")
+    model: str = Field(
+        description="Model to score: a Hugging Face id or directory, an RL broadcast "
+        "(`…/broadcasts/step_N`, full weights or a LoRA adapter), or a run directory (every "
+        "broadcast in it, in step order)."
+    )
+    models: list[str] = Field(
+        default_factory=list, description="More models to score in the same call, as `model`."
+    )
+    base_model: str | None = Field(
+        None,
+        description="Base weights under a LoRA adapter (null = the adapter's "
+        "`base_model_name_or_path`).",
+    )
     tokenizer: str | None = Field(
-        None, description="Tokenizer location (null = `model`; RL broadcasts hold weights only)."
+        None,
+        description="Tokenizer location (null = the model's, or the base model's for an adapter).",
+    )
+    metrics_file: str | None = Field(
+        None, description="Append the `eval/<env>/…` records here (a run's metrics.jsonl)."
+    )
+    pass_threshold: float = Field(
+        1.0, description="Reward at which a sample counts as solved, for pass@k."
     )
     env: EnvConfig = Field(
         default_factory=lambda: EnvConfig(id="reverse-text"), description="Environment."

@@ -173,25 +173,43 @@ class CheckpointConfig(StrictModel):
     skip_buffer: bool = Field(False, description="Do not restore the buffer on resume.")
 
 
-class EvalConfig(StrictModel):
-    env: list[EnvConfig] = Field(min_length=1, description="Evaluation environments.")
-    num_examples: int = Field(-1, ge=-1, description="Examples per environment (-1 = all).")
-    rollouts_per_example: int = Field(1, ge=1, description="Rollouts per example.")
-    interval: int = Field(100, gt=0, description="Evaluate every N training steps.")
-    eval_base_model: bool = Field(True, description="Also evaluate the unmodified base model.")
-    skip_eval_on_resume: bool = Field(True, description="Skip the eval right after a resume.")
-    cancel_inflight_rollouts_on_eval: bool = Field(
-        False, description="Cancel in-flight rollouts before evaluating."
+class EvalSamplingConfig(StrictModel):
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
+    max_tokens: int | None = Field(
+        None, gt=0, description="Max new tokens per completion (null = training's)."
     )
+    seed: int | None = Field(0, description="Seed of example i is seed + i (null = unseeded).")
 
 
-class ReportConfig(StrictModel):
-    project: str = Field("asyncrl", description="W&B project name.")
-    name: str | None = Field(None, description="W&B run name.")
-    offline: bool = Field(False, description="Run W&B in offline mode.")
-    samples: bool | None = Field(None, description="Log prompt/response samples.")
-    distributions: bool | None = Field(None, description="Log reward/advantage distributions.")
-    interval: int = Field(10, gt=0, description="Logging interval in steps.")
+class EvalConfig(StrictModel):
+    """Held-out evaluation while training runs, on the same servers (`orchestrator/online_eval`)."""
+
+    env: list[EnvConfig] = Field(
+        default_factory=list,
+        description="Eval-only environments, besides the held-out split of every training one.",
+    )
+    num_examples: int = Field(64, gt=0, description="Held-out examples per environment.")
+    rollouts_per_example: int = Field(
+        1, ge=1, description="Samples per example (k of mean@k, best@k, pass@k)."
+    )
+    interval: int = Field(100, gt=0, description="Evaluate every N training steps.")
+    eval_base_model: bool = Field(True, description="Also evaluate the starting weights (step 0).")
+    skip_eval_on_resume: bool = Field(
+        True, description="Skip the eval of the step a run resumes from (it was done before)."
+    )
+    sampling: EvalSamplingConfig = Field(
+        default_factory=EvalSamplingConfig, description="Eval sampling (greedy by default)."
+    )
+    max_concurrent: int = Field(
+        8, gt=0, description="Eval requests in flight at once, beside the rollout requests."
+    )
+    pass_threshold: float = Field(
+        1.0, description="Reward at which a sample counts as solved, for pass@k."
+    )
+    cancel_inflight_rollouts_on_eval: bool = planned(
+        False, "Cancel in-flight rollouts before evaluating.", feature="eval that stops rollouts"
+    )
 
 
 class OrchestratorConfig(StrictModel):
@@ -246,9 +264,14 @@ class OrchestratorConfig(StrictModel):
     reward_cpu_limit: float | None = Field(
         60.0, gt=0, description="CPU seconds one rollout's reward may use (null = no limit)."
     )
-    eval: EvalConfig | None = planned(None, "Online evaluation.", feature="online evaluation")
-    report_to: ReportConfig | None = planned(
-        None, "Weights & Biases reporting.", feature="W&B reporting"
+    eval: EvalConfig | None = Field(
+        None, description="Online evaluation on held-out examples (null = none)."
+    )
+    samples_interval: int | None = Field(
+        None,
+        gt=0,
+        description="Write the batch's prompts, completions and rewards to "
+        "`samples/step_N.jsonl` every N steps (set by `rl` from `report_to.interval`).",
     )
     rollout_transport: RolloutTransportConfig = Field(
         default_factory=RolloutTransportConfig, description="How batches reach the trainer."

@@ -17,6 +17,7 @@ from asyncrl.config.base import StrictModel
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.ray import RayConfig
+from asyncrl.config.report import ReportConfig
 from asyncrl.config.trainer import TrainerConfig
 
 RUN_DIR_NAME = "run_default"
@@ -203,9 +204,22 @@ class RLConfig(StrictModel):
         "actors on a Ray cluster (see `ray`), with several inference servers if asked.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
+    report_to: ReportConfig | None = Field(
+        None,
+        description="Send every role's records, eval results and sample tables to trackers: "
+        "`[wandb, tensorboard]` or a section (null = metrics.jsonl only).",
+    )
     inference: InferenceConfig = Field(description="Inference server.")
     orchestrator: OrchestratorConfig = Field(description="Orchestrator.")
     trainer: TrainerConfig = Field(description="Trainer.")
+
+    @model_validator(mode="after")
+    def _samples_for_trackers(self) -> RLConfig:
+        """The orchestrator writes the sample tables the trackers show."""
+        report = self.report_to
+        if report is not None and report.samples and self.orchestrator.samples_interval is None:
+            self.orchestrator.samples_interval = report.interval
+        return self
 
     @model_validator(mode="after")
     def _replicas_need_ray(self) -> RLConfig:

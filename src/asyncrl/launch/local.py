@@ -18,8 +18,9 @@ from pathlib import Path
 
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.live_view import LiveView
-from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
+from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
 from asyncrl.log import get_logger
+from asyncrl.monitor.trackers import Reporter
 from asyncrl.processes import start, stop, tail, wait_healthy
 
 logger = get_logger(__name__)
@@ -84,22 +85,40 @@ def run_rl(config: RLConfig) -> None:
 
 
 def supervise(processes: dict[str, subprocess.Popen[bytes]], logs: Path, config: RLConfig) -> None:
-    """Until trainer and orchestrator finish; any failure stops everything."""
-    view = LiveView(Path(config.orchestrator.output_dir) / "metrics.jsonl", config.max_steps)
-    with view:
-        while True:
-            for role, process in processes.items():
-                code = process.poll()
-                if code not in (None, 0):
-                    raise RoleFailed(
-                        f"`asyncrl {role}` exited with code {code}; end of "
-                        f"{logs / f'{role}.log'}:\n{tail(logs / f'{role}.log')}"
-                    )
-                if role == "infer" and code == 0:
-                    raise RoleFailed("the inference server stopped before training ended")
-            if all(processes[role].poll() == 0 for role in ("train", "orch")):
-                view.refresh()
-                logger.info("rl: trainer and orchestrator finished")
-                return
-            view.refresh()
-            time.sleep(0.5)
+    """Until trainer and orchestrator finish; any failure stops everything. Meanwhile the live
+    view and the trackers (`report_to`) follow the run directory."""
+    run_dir = Path(config.orchestrator.output_dir)
+    view = LiveView(run_dir / "metrics.jsonl", config.max_steps)
+    reporter = reporter_for(config)
+    try:
+        with view:
+            follow(processes, logs, view, reporter)
+    finally:
+        if reporter is not None:
+            reporter.close()
+
+
+def follow(
+    processes: dict[str, subprocess.Popen[bytes]],
+    logs: Path,
+    view: LiveView,
+    reporter: Reporter | None,
+) -> None:
+    """Poll the roles twice a second until trainer and orchestrator exit 0; raise on a failure."""
+    while True:
+        for role, process in processes.items():
+            code = process.poll()
+            if code not in (None, 0):
+                raise RoleFailed(
+                    f"`asyncrl {role}` exited with code {code}; end of "
+                    f"{logs / f'{role}.log'}:\n{tail(logs / f'{role}.log')}"
+                )
+            if role == "infer" and code == 0:
+                raise RoleFailed("the inference server stopped before training ended")
+        view.refresh()
+        if reporter is not None:
+            reporter.refresh()
+        if all(processes[role].poll() == 0 for role in ("train", "orch")):
+            logger.info("rl: trainer and orchestrator finished")
+            return
+        time.sleep(0.5)

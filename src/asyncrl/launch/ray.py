@@ -42,7 +42,7 @@ from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.placement import Node, Slot, address_key, explain_unplaceable, plan_slots
 from asyncrl.launch.placement import rank_order as order_ranks
 from asyncrl.launch.role_actor import RoleActor
-from asyncrl.launch.roles import RoleFailed, prepare_resume, role_yaml
+from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
 from asyncrl.launch.shared_storage import judge_shared_storage
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
@@ -306,15 +306,22 @@ class RayRun:
         finishing = [m for m in self.members if m.role != "infer"]
         view = LiveView(Path(self.config.orchestrator.output_dir) / "metrics.jsonl",
                         self.config.max_steps)  # fmt: skip
-        with view:
-            while True:
-                self.stream_logs()
-                codes = self.check_exits()
-                view.refresh()
-                if all(codes[m.label] == 0 for m in finishing):
-                    logger.info("rl: trainer and orchestrator finished")
-                    return
-                time.sleep(0.5)
+        reporter = reporter_for(self.config)
+        try:
+            with view:
+                while True:
+                    self.stream_logs()
+                    codes = self.check_exits()
+                    view.refresh()
+                    if reporter is not None:
+                        reporter.refresh()
+                    if all(codes[m.label] == 0 for m in finishing):
+                        logger.info("rl: trainer and orchestrator finished")
+                        return
+                    time.sleep(0.5)
+        finally:
+            if reporter is not None:
+                reporter.close()
 
     def check_exits(self) -> dict[str, int | None]:
         codes = self.call_all(self.members, lambda m: m.actor.poll.remote())

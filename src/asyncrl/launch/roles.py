@@ -1,5 +1,6 @@
 """What every launcher does with a run's roles, whichever machines they run on: the resume step
-both roles agree on, each role's config as a file, and the error a failed role becomes."""
+both roles agree on, each role's config as a file, the error a failed role becomes, and the
+trackers that follow the run."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pydantic import BaseModel
 from asyncrl.checkpoint.layout import forget_after, resolve_resume_step
 from asyncrl.config.rl import RLConfig
 from asyncrl.log import get_logger
+from asyncrl.monitor.trackers import Reporter
 
 logger = get_logger(__name__)
 
@@ -38,3 +40,11 @@ def prepare_resume(config: RLConfig) -> RLConfig:
     config.orchestrator.ckpt.resume_step = step
     config.trainer.resume_step = step
     return config
+
+
+def reporter_for(config: RLConfig) -> Reporter | None:
+    """The trackers of `report_to`, following the run directory (None without `report_to`)."""
+    if config.report_to is None:
+        return None
+    run_dir = Path(config.orchestrator.output_dir)
+    return Reporter(config.report_to, run_dir, config.model_dump(mode="json"))

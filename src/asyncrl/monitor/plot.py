@@ -4,13 +4,16 @@ Reads `metrics.jsonl` (of a run directory, or the file itself) and draws one pan
 variable. A variable is a metric key, or a short name matched against the keys' last part
 (`reward` → `orchestrator/reward_mean` before `orchestrator/reward/lcs_ratio`); an unknown name
 lists what the file holds. x is `step`, `time` (seconds since the first record) or any key.
+The panel of training reward also draws the run's held-out eval curves (`eval/<env>/mean@k`,
+from `orchestrator.eval`), as points joined by lines, so the two can be read side by side.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+import re
 from pathlib import Path
+from typing import Any
 
 from asyncrl.monitor.metrics import read_metrics
 
@@ -40,6 +43,24 @@ def moving_average(values: list[float], window: int) -> list[float]:
     return out
 
 
+TRAINING_REWARD = "orchestrator/reward_mean"
+EVAL_CURVE = re.compile(r"^eval/[^/]+/mean@\d+$")
+
+
+def series(
+    records: list[dict[str, Any]], key: str, x: str, start: float
+) -> tuple[list[float], list[float]]:
+    """(xs, ys) of `key`, sorted by x, from the records that hold it."""
+    points = []
+    for record in records:
+        if isinstance(record.get(key), int | float):
+            position = record["time"] - start if x == "time" else record.get(x)
+            if isinstance(position, int | float):
+                points.append((position, record[key]))
+    points.sort()
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def plot(
     source: Path, variables: list[str], x: str, output: Path, smooth: int | None = None
 ) -> Path:
@@ -57,17 +78,13 @@ def plot(
     figure, axes = plt.subplots(len(variables), 1, figsize=(7, 2.6 * len(variables)), squeeze=False)
     for axis, name in zip(axes[:, 0], variables, strict=True):
         key = resolve(name, keys)
-        series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        for record in records:
-            if isinstance(record.get(key), int | float):
-                position = record["time"] - start if x == "time" else record.get(x)
-                if isinstance(position, int | float):
-                    series[key].append((position, record[key]))
-        points = sorted(series[key])
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        xs, ys = series(records, key, x, start)
         axis.plot(xs, ys, alpha=0.35 if smooth else 1.0, label=key)
         if smooth:
             axis.plot(xs, moving_average(ys, smooth), label=f"{key} (mean of {smooth})")
+        if key == TRAINING_REWARD:
+            for eval_key in (k for k in keys if EVAL_CURVE.match(k)):
+                axis.plot(*series(records, eval_key, x, start), marker="o", label=eval_key)
         axis.set_ylabel(name)
         axis.legend(fontsize=7)
         axis.grid(alpha=0.3)

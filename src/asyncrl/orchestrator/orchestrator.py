@@ -26,15 +26,18 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
-from asyncrl.config.orchestrator import OrchestratorConfig
-from asyncrl.envs import load_environment
+from asyncrl.config.env import EnvConfig
+from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
+from asyncrl.envs import Environment, load_environment
 from asyncrl.envs.reward_pool import RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.monitor.samples import samples_path
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import ChatTemplate
+from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
@@ -76,20 +79,38 @@ class Orchestrator:
         self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
         self.clients = ClientPool(config.client, chat_prompt_ids=chat_template(tokenizer))
         self.rewards = [
-            RewardPool(
-                env.id,
-                env.args,
-                loaded.rubric,
-                num_workers=config.reward_workers,
-                timeout=config.reward_timeout,
-                memory_limit=config.reward_memory_limit,
-                cpu_limit=config.reward_cpu_limit,
-            )
-            for env, loaded in zip(config.env, self.envs, strict=True)
+            self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]
+        self.eval_targets = self.eval_targets_of(config.eval) if config.eval else []
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")
+        self.evaluator: OnlineEval | None = None  # made in `run`, once the resume step is known
         self.seeds = itertools.count()
         self.aborted_groups = 0  # dropped since the last batch, reported with it
+
+    def reward_pool(self, env: EnvConfig, loaded: Environment) -> RewardPool:
+        config = self.config
+        return RewardPool(
+            env.id,
+            env.args,
+            loaded.rubric,
+            num_workers=config.reward_workers,
+            timeout=config.reward_timeout,
+            memory_limit=config.reward_memory_limit,
+            cpu_limit=config.reward_cpu_limit,
+        )
+
+    def eval_targets_of(self, eval_config: EvalConfig) -> list[EvalTarget]:
+        """The held-out split of every training environment, then the eval-only ones."""
+        count = eval_config.num_examples
+        targets = [
+            EvalTarget(name, env.examples("eval", count), pool)
+            for name, env, pool in zip(self.env_names, self.envs, self.rewards, strict=True)
+        ]
+        for spec in eval_config.env:
+            env = load_environment(spec.id, spec.args)
+            pool = self.reward_pool(spec, env)
+            targets.append(EvalTarget(spec.name or spec.id, env.examples("eval", count), pool))
+        return targets
 
     async def run(self) -> None:
         config = self.config
@@ -97,15 +118,27 @@ class Orchestrator:
         sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
         self.warn_about_engine_limits()
-        for pool in self.rewards:
+        pools = {
+            id(pool): pool for pool in [*self.rewards, *(t.rewards for t in self.eval_targets)]
+        }
+        for pool in pools.values():
             await pool.start()
         in_flight: set[asyncio.Task[Group | None]] = set()
         ready: deque[Group] = deque()
         target = round(config.batch_size * config.oversampling_factor)
         step, last_batch = self.resume() + 1, time.monotonic()
+        if config.eval is not None:
+            self.evaluator = OnlineEval(
+                config.eval, self.eval_targets, self.clients, config.sampling,
+                MetricsWriter(self.run_dir / "metrics.jsonl", role="eval"),
+                lambda: self.request_model, OnlineEval.first_step(config.eval, step - 1),
+                config.max_steps,
+            )  # fmt: skip
         try:
             while config.max_steps is None or step <= config.max_steps:
                 await self.sync_weights(need=step - 1 - config.max_async_level)
+                if self.evaluator is not None:
+                    self.evaluator.start_due()
                 while len(in_flight) * config.rollouts_per_example < target:
                     in_flight.add(asyncio.create_task(self.launch(step)))
                 done, in_flight = await asyncio.wait(
@@ -132,6 +165,7 @@ class Orchestrator:
                     step, sum(r for g in groups for r in g.rewards) / config.batch_size,
                     self.clients.oldest_version(),
                 )  # fmt: skip
+                self.maybe_write_samples(step, groups)
                 self.maybe_checkpoint(step)
                 step, last_batch = step + 1, now
             await asyncio.to_thread(sender.finish)
@@ -141,10 +175,14 @@ class Orchestrator:
                     "orchestrator: every server holds the final weights (version %d)",
                     self.clients.oldest_version(),
                 )
+            if self.evaluator is not None:
+                await self.evaluator.finish()
         finally:
             for task in in_flight:
                 task.cancel()
-            for pool in self.rewards:
+            if self.evaluator is not None:
+                self.evaluator.cancel()
+            for pool in pools.values():
                 await pool.close()
             await self.clients.close()
 
@@ -196,6 +234,27 @@ class Orchestrator:
         chosen = [kept.popleft() for _ in range(needed)]
         ready.extend(kept)
         return chosen, drops
+
+    def maybe_write_samples(self, step: int, groups: list[Group]) -> None:
+        """`samples/step_N.jsonl`: the batch's prompts, completions and rewards, for the
+        trackers' sample tables (and for reading by eye)."""
+        interval = self.config.samples_interval
+        if interval is None or step % interval:
+            return
+        rows = [
+            {
+                "env": group.env_name,
+                "example_id": sample.example_id,
+                "prompt": self.decode(sample.prompt_ids),
+                "completion": self.decode(sample.completion_ids),
+                "reward": sample.reward,
+                "advantage": sample.advantages[0] if sample.advantages else 0.0,
+            }
+            for group in groups
+            for sample in group.samples
+        ]
+        text = "".join(json.dumps(row) + "\n" for row in rows)
+        atomic_write_bytes(samples_path(self.run_dir, step), text.encode())
 
     def resume(self) -> int:
         """The step generation resumes after (0 for a fresh start), with progress and buffer

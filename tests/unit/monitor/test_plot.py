@@ -38,3 +38,19 @@ def test_plot_writes_the_file(tmp_path: Path, suffix: str) -> None:
     assert out.stat().st_size > 1000
     assert main([str(tmp_path), "-v", "reward", "-x", "time", "-o", str(tmp_path / "t.png")]) == 0
     assert main([str(tmp_path), "-v", "nope", "-o", str(tmp_path / "n.png")]) == 2
+
+
+def test_the_reward_panel_draws_the_eval_curves_beside_it(tmp_path: Path) -> None:
+    for step in range(1, 7):
+        MetricsWriter(tmp_path / "metrics.jsonl", "orchestrator").log(
+            step, {"orchestrator/reward_mean": step / 10}
+        )
+    for step in (0, 3, 6):
+        MetricsWriter(tmp_path / "metrics.jsonl", "eval").log(
+            step, {"eval/reverse-text/mean@2": 0.2 + step / 20, "eval/reverse-text/pass@2": 0.0}
+        )
+    svg = plot(tmp_path, ["reward"], "step", tmp_path / "out.svg").read_text()
+    assert "eval/reverse-text/mean@2" in svg  # its legend entry (matplotlib names text in SVG)
+    assert "eval/reverse-text/pass@2" not in svg  # one curve per env: the mean
+    bare = plot(tmp_path, ["pass@2"], "step", tmp_path / "bare.svg").read_text()
+    assert "eval/reverse-text/mean@2" not in bare  # only the training-reward panel has them

@@ -1,0 +1,154 @@
+"""Online evaluation: held-out examples scored on the training servers while training goes on.
+
+Every `eval.interval` steps (and at step 0 on the starting weights, `eval_base_model`), each
+environment's held-out split is generated with the eval sampling settings (greedy by default)
+and scored. An evaluation for step s starts once every server holds weights version >= s, runs
+as a background task whose requests join the rollout requests under a cap
+(`eval.max_concurrent`), and never holds up a batch. The versions that produced its tokens are
+recorded: if a weight update lands mid-evaluation, `version_max` > `version` says so.
+
+Results are `eval` records of `metrics.jsonl` at step s (`monitor/eval_records.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from asyncrl.config.orchestrator import EvalConfig, SamplingConfig
+from asyncrl.envs.base import Example
+from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.log import get_logger
+from asyncrl.monitor.eval_records import summarize
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.orchestrator.client import ClientPool
+
+logger = get_logger(__name__)
+
+
+@dataclass
+class EvalTarget:
+    """One environment to evaluate: its examples and the pool that scores them."""
+
+    name: str
+    examples: list[Example]
+    rewards: RewardPool
+
+
+@dataclass(frozen=True)
+class Sample:
+    text: str
+    versions: list[int]  # per token; the launch version where the server reports none
+
+
+class OnlineEval:
+    def __init__(
+        self,
+        config: EvalConfig,
+        targets: list[EvalTarget],
+        clients: ClientPool,
+        training_sampling: SamplingConfig,
+        metrics: MetricsWriter,
+        model_name: Callable[[], str],
+        first_step: int,
+        last_step: int | None,
+    ) -> None:
+        self.config = config
+        self.targets = targets
+        self.clients = clients
+        self.max_tokens = config.sampling.max_tokens or training_sampling.max_tokens
+        self.metrics = metrics
+        self.model_name = model_name  # the base model, or the LoRA adapter once loaded
+        self.limit = asyncio.Semaphore(config.max_concurrent)
+        self.last_step = last_step
+        self.next_step = first_step
+        self.running: set[asyncio.Task[None]] = set()
+
+    @staticmethod
+    def first_step(config: EvalConfig, resumed_at: int) -> int:
+        """The first step to evaluate: 0 on the starting weights, or the next multiple of
+        `interval` after a resume (the resumed step itself too unless `skip_eval_on_resume`)."""
+        if resumed_at == 0:
+            return 0 if config.eval_base_model else config.interval
+        following = -(-resumed_at // config.interval) * config.interval
+        return (
+            following + config.interval
+            if following == resumed_at and config.skip_eval_on_resume
+            else following
+        )
+
+    def start_due(self) -> None:
+        """Start the evaluation of every due step the servers' weights have reached."""
+        version = self.clients.oldest_version()
+        while self.next_step <= version and (
+            self.last_step is None or self.next_step <= self.last_step
+        ):
+            task = asyncio.create_task(self.evaluate(self.next_step))
+            self.running.add(task)
+            task.add_done_callback(self._finished)
+            self.next_step += self.config.interval
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self.running.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("online eval failed: %s", task.exception())
+
+    async def finish(self) -> None:
+        """At the end of the run: the evaluations due by now (the final step's included) run
+        to the end."""
+        self.start_due()
+        if self.running:
+            await asyncio.gather(*self.running, return_exceptions=True)
+
+    def cancel(self) -> None:
+        for task in self.running:
+            task.cancel()
+
+    async def evaluate(self, step: int) -> None:
+        launch_version = self.clients.oldest_version()
+        for target in self.targets:
+            results = await asyncio.gather(
+                *(self._example(target, example, launch_version) for example in target.examples)
+            )
+            summary = summarize(target.name, results, self.config.pass_threshold, launch_version)
+            self.metrics.log(step, summary)
+        logger.info("orchestrator: evaluated step %d (weights version %d)", step, launch_version)
+
+    async def _example(
+        self, target: EvalTarget, example: Example, launch_version: int
+    ) -> list[tuple[float, list[int]]]:
+        """(reward, token versions) of each of the k samples of one example."""
+        route, body = self._request(example)
+        async with self.limit:
+            server = self.clients.least_loaded()
+            response = await self.clients.generate(server, route, body, cost=body["n"])
+        samples = [_sample(choice, launch_version) for choice in response["choices"]]
+        scored = await asyncio.gather(*(target.rewards.score(s.text, example) for s in samples))
+        return [(r.reward, s.versions) for r, s in zip(scored, samples, strict=True)]
+
+    def _request(self, example: Example) -> tuple[str, dict[str, Any]]:
+        sampling = self.config.sampling
+        body: dict[str, Any] = {
+            "model": self.model_name(),
+            "n": self.config.rollouts_per_example,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "return_token_ids": True,
+        }
+        if self.max_tokens is not None:
+            body["max_tokens"] = self.max_tokens
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed + example.example_id
+        if example.prompt_token_ids is not None:
+            return "completions", {**body, "prompt": example.prompt_token_ids}
+        return "chat/completions", {**body, "messages": example.prompt}
+
+
+def _sample(choice: dict[str, Any], launch_version: int) -> Sample:
+    text = choice["message"]["content"] if "message" in choice else choice["text"]
+    versions = choice.get("policy_versions") or [launch_version] * len(
+        choice.get("token_ids") or []
+    )
+    return Sample(text or "", list(versions))
