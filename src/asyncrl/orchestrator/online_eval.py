@@ -114,6 +114,15 @@ class OnlineEval:
             )
             summary = summarize(target.name, results, self.config.pass_threshold, launch_version)
             self.metrics.log(step, summary)
+            low, high = (
+                summary[f"eval/{target.name}/version"],
+                summary[f"eval/{target.name}/version_max"],
+            )
+            if low != high:
+                logger.info(
+                    "orchestrator: the eval of step %d on %s spans weights versions %d to %d "
+                    "(an update landed mid-evaluation)", step, target.name, low, high,
+                )  # fmt: skip
         logger.info("orchestrator: evaluated step %d (weights version %d)", step, launch_version)
 
     async def _example(
