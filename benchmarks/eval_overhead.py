@@ -19,6 +19,8 @@ from pathlib import Path
 
 import yaml
 
+from asyncrl.config.init_model import InitModelConfig
+from asyncrl.models.init_model import init_model
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.precision import cpu_model_name
 
@@ -35,12 +37,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=32)
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="asyncrl-eval-overhead-"))
-    model = work / "tiny"
-    subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "init-model", "--preset", "tiny",
-         "--output_dir", str(model)],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    model = init_model(InitModelConfig(preset="tiny", output_dir=str(work / "tiny")))
     evaluation = {"interval": args.interval, "num_examples": args.examples,
                   "sampling": {"temperature": 1.0}}  # fmt: skip
     rates = {}
