@@ -26,10 +26,14 @@ class WeightLoadError(ValueError):
 
 
 def resolve_under_roots(path: str | Path, roots: list[str]) -> Path:
-    """The real path of `path` (symlinks resolved), which must lie under one of `roots`."""
+    """The real path of `path` (symlinks resolved), which must lie under one of `roots`.
+
+    A path from a request is taken literally: `~user` is not expanded, so a client can neither
+    probe which users exist nor make the lookup fail.
+    """
     if "\x00" in str(path):
         raise WeightLoadError(f"{path!r}: a path cannot contain NUL")
-    resolved = Path(path).expanduser().resolve()
+    resolved = Path(path).resolve()
     for root in roots:
         root_path = Path(root).expanduser().resolve()
         if resolved == root_path or root_path in resolved.parents:

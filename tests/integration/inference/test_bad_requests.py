@@ -64,6 +64,7 @@ pytestmark = pytest.mark.integration
         ),
         ("/tokenize", {"messages": [{"role": "user", "content": None}]}, 400, "template"),
         ("/update_weights", {"weight_dir": "a\x00b"}, 400, "NUL"),
+        ("/v1/load_lora_adapter", {"lora_name": "0", "lora_path": "~0"}, 400, "~0"),
     ],
 )
 def test_bad_request_is_a_4xx_with_a_message(
