@@ -56,6 +56,12 @@ class ClientConfig(StrictModel):
         description="Inference server URL(s).",
     )
     timeout: float = Field(1200, gt=0, description="Request timeout in seconds.")
+    startup_timeout: float = Field(
+        600,
+        gt=0,
+        description="Seconds to wait at start-up for each server's `/health` (it may still be "
+        "loading its model; a colocated trainer serves only once it has resumed).",
+    )
     api_key_var: str = Field("VLLM_API_KEY", description="Environment variable with the API key.")
     skip_model_check: bool = Field(False, description="Skip checking the `/models` endpoint.")
     elastic: ElasticConfig | None = Field(None, description="DNS discovery of an elastic pool.")

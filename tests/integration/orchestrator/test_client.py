@@ -69,8 +69,22 @@ def test_a_dead_server_is_retried_with_backoff_then_reported() -> None:
         pool = pool_for([url], skip_model_check=True)
         started = time.monotonic()
         with pytest.raises(InferenceUnavailable, match=rf"{url}/health failed after 4 attempts"):
-            await pool.start("m")
+            await pool.request(pool.servers[0], "GET", f"{url}/health")
         assert time.monotonic() - started >= 0.5 + 1.0 + 2.0  # backoff between the 4 attempts
+        await pool.close()
+
+    asyncio.run(scenario())
+
+
+def test_start_waits_for_a_server_that_is_still_loading_then_gives_up() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+
+    async def scenario() -> None:
+        pool = pool_for([url], skip_model_check=True, startup_timeout=2.5)
+        started = time.monotonic()
+        with pytest.raises(InferenceUnavailable, match=rf"{url} never came up"):
+            await pool.start("m")
+        assert time.monotonic() - started >= 2.5
         await pool.close()
 
     asyncio.run(scenario())
