@@ -115,7 +115,21 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
     _propagate_output_dir(data)
     _check_model_len(data)
     _connect_roles(data)
+    _colocate(data)
     return data
+
+
+def _colocate(data: dict[str, Any]) -> None:
+    """`deployment: colocated`: the trainer hosts the inference server the config describes."""
+    trainer = data["trainer"]
+    if data.get("deployment") != "colocated" or not isinstance(trainer, dict):
+        return
+    if trainer.get("colocated_inference") not in (None, data["inference"]):
+        raise ValueError(
+            "`trainer.colocated_inference` is set from `inference` for `deployment: colocated`; "
+            "configure the server under `inference`"
+        )
+    trainer["colocated_inference"] = data["inference"]
 
 
 def _connect_roles(data: dict[str, Any]) -> None:
@@ -203,6 +217,13 @@ class RLConfig(StrictModel):
         description="`local`: one child process per role on this machine; `ray`: the roles as "
         "actors on a Ray cluster (see `ray`), with several inference servers if asked.",
     )
+    deployment: Literal["disaggregated", "colocated"] = Field(
+        "disaggregated",
+        description="`disaggregated`: inference, orchestrator and trainer in processes of their "
+        "own, inference generating while the trainer steps; `colocated`: the trainer's process "
+        "also serves inference, the two take turns on one device (all of its cores or memory "
+        "each) and weights are synced in memory, with no files between them.",
+    )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     report_to: ReportConfig | None = Field(
         None,
@@ -227,6 +248,15 @@ class RLConfig(StrictModel):
             raise ValueError(
                 f"`ray.inference.replicas` ({self.ray.inference.replicas}) needs `launcher: "
                 "ray`; the local launcher starts one inference server"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_runs_locally(self) -> RLConfig:
+        if self.deployment == "colocated" and self.launcher != "local":
+            raise ValueError(
+                "`deployment: colocated` runs on one machine with `launcher: local` (colocated "
+                "roles on Ray are not built)"
             )
         return self
 

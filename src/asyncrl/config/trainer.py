@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
 from asyncrl.log import get_logger
@@ -173,6 +174,13 @@ class TrainerConfig(TrainingConfig):
     weight_broadcast: WeightBroadcastConfig = Field(
         default_factory=WeightBroadcastConfig, description="How new weights reach inference."
     )
+    colocated_inference: InferenceConfig | None = Field(
+        None,
+        description="Serve this inference config from the trainer's own process, taking turns "
+        "with training on its device, weights synced in memory after every step (set by "
+        "`asyncrl rl` for `deployment: colocated`). Broadcast directories are then written "
+        "only at checkpoint steps and the last step, for eval and export.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -218,6 +226,28 @@ class TrainerConfig(TrainingConfig):
             raise ValueError(
                 "`weight_broadcast.type: nccl` with `world_size` > 1 is not built yet (the "
                 "trainer's ranks already use the default process group); use `filesystem`"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _colocated_fits(self) -> TrainerConfig:
+        inference = self.colocated_inference
+        if inference is None:
+            return self
+        if inference.backend != "embedded":
+            raise ValueError(
+                f"`colocated_inference.backend: {inference.backend}`: colocated mode runs the "
+                "embedded engine; vLLM's in-process engine with sleep mode is not built yet"
+            )
+        if self.world_size > 1:
+            raise ValueError(
+                f"colocated mode shares one device; `world_size` is {self.world_size} (the "
+                "multi-rank trainer with an engine per rank is not built)"
+            )
+        if self.weight_broadcast.type != "filesystem":
+            raise ValueError(
+                "colocated mode syncs weights in memory; leave `weight_broadcast.type` at "
+                "`filesystem` (used only for the exports at checkpoint steps)"
             )
         return self
 

@@ -57,6 +57,12 @@ class Sequence:
     text: str = ""
 
     @property
+    def prefill_len(self) -> int:
+        """Tokens a prefill runs: the prompt, plus the outputs of a sequence preempted by
+        `Engine.sleep` (their keys and values were freed)."""
+        return len(self.request.prompt_ids) + len(self.output_ids)
+
+    @property
     def cached_len(self) -> int:
         """Tokens whose keys/values are in the cache: the prompt and all outputs but the last."""
         return len(self.request.prompt_ids) + max(0, len(self.output_ids) - 1)
@@ -183,6 +189,31 @@ class Engine:
             self._held.clear()
             self._condition.notify_all()
 
+    def sleep(self) -> int:
+        """Pause and free the KV cache, so a trainer in the same process can have the device;
+        returns the bytes freed. Running sequences go back to the head of the queue and keep
+        their tokens: on `wake` their prompt and tokens so far are prefilled again (vLLM's
+        recompute preemption), and the rest is sampled with the weights then in place."""
+        self.pause("keep")
+
+        def preempt_and_free() -> int:
+            with self._condition:
+                preempted = [s for s in self._running if s.finish_reason is None]
+                for sequence in self._running:
+                    if sequence.slot is not None:
+                        self.cache.release(sequence.slot)
+                        sequence.slot = None
+                self._running.clear()
+                self._waiting.extendleft(reversed(preempted))
+            return self.cache.release_memory()
+
+        return self.run_exclusive(preempt_and_free)
+
+    def wake(self) -> None:
+        """Reallocate the KV cache and resume: preempted sequences are recomputed first."""
+        self.run_exclusive(self.cache.reserve_memory)
+        self.resume()
+
     @property
     def is_paused(self) -> bool:
         return self._paused
@@ -267,7 +298,7 @@ class Engine:
                 if sequence.finish_reason is not None:
                     self._waiting.popleft()
                     continue
-                cost = len(sequence.request.prompt_ids)
+                cost = sequence.prefill_len
                 if admitted and cost > budget:
                     break
                 self._waiting.popleft()
@@ -278,11 +309,12 @@ class Engine:
         return admitted
 
     def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
-        if prefill:
-            lengths = [len(s.request.prompt_ids) for s in sequences]
+        if prefill:  # the prompt, and for a preempted sequence its tokens so far
+            lengths = [s.prefill_len for s in sequences]
             width = max(lengths)
             rows = [
-                s.request.prompt_ids + [0] * (width - len(s.request.prompt_ids)) for s in sequences
+                s.request.prompt_ids + s.output_ids + [0] * (width - s.prefill_len)
+                for s in sequences
             ]
             starts = [0] * len(sequences)
         else:

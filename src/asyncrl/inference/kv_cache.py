@@ -27,10 +27,13 @@ class SlotKVCache:
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
     ) -> None:
-        shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.shape = (num_slots, num_kv_heads, max_len, head_dim)
+        self.num_layers = num_layers
+        self.dtype = dtype
         self.device = torch.device(device)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.reserve_memory()
         self.num_slots = num_slots
         self.max_len = max_len
         self.free_slots = list(range(num_slots - 1, -1, -1))
@@ -39,6 +42,29 @@ class SlotKVCache:
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)
         self._kv_len = 0
         self._contiguous: slice | None = None
+
+    # memory -------------------------------------------------------------------------------------
+    def reserve_memory(self) -> None:
+        """Allocate the keys and values (at start, and when a colocated engine wakes)."""
+        if not self.keys:
+            self.keys = [self._zeros() for _ in range(self.num_layers)]
+            self.values = [self._zeros() for _ in range(self.num_layers)]
+
+    def release_memory(self) -> int:
+        """Free the keys and values while no sequence holds a slot (a colocated engine goes to
+        sleep so the trainer can use the memory); returns the bytes freed."""
+        if self.used_slots:
+            raise RuntimeError(f"{self.used_slots} sequence(s) still hold KV cache slots")
+        freed = self.nbytes
+        self.keys, self.values = [], []
+        return freed
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in [*self.keys, *self.values])
+
+    def _zeros(self) -> torch.Tensor:
+        return torch.zeros(self.shape, dtype=self.dtype, device=self.device)
 
     # slot bookkeeping -------------------------------------------------------------------------
     def allocate(self) -> int:

@@ -92,20 +92,25 @@ class ServedModel:
         logger.info("loaded weights from %s (version %s)", directory, resolved_version)
         return self.info()
 
-    def apply_received(self, step: int, tensors: dict[str, torch.Tensor]) -> WeightInfo:
-        """Install weights received over NCCL/gloo (staged copies) between engine steps."""
+    def apply_received(
+        self, step: int, tensors: dict[str, torch.Tensor], source: str = "nccl"
+    ) -> WeightInfo:
+        """Install weights between engine steps: staged copies received over NCCL/gloo, or a
+        colocated trainer's tensors handed over in memory (`source` "memory"). A tensor that
+        already is the parameter's storage is not copied."""
 
         def install() -> None:
             parameters = dict(self.engine.model.named_parameters())
             with torch.no_grad():
                 for name, tensor in tensors.items():
-                    parameters[name].copy_(tensor)
+                    if parameters[name].data_ptr() != tensor.data_ptr():
+                        parameters[name].copy_(tensor)
             self._base_weights = {}
             self._adapter = None
-            self._set(step, "nccl")
+            self._set(step, source)
 
         self.engine.run_exclusive(install)
-        logger.info("received weights version %d over the weight broadcast group", step)
+        logger.info("installed weights version %d (%s)", step, source)
         return self.info()
 
     def load_lora(

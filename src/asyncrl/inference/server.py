@@ -32,6 +32,7 @@ from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.log import get_logger
+from asyncrl.precision import default_device
 
 logger = get_logger(__name__)
 
@@ -48,7 +49,7 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         trust_remote_code=config.trust_remote_code,
         attn_implementation="sdpa",
         **overrides,
-    )
+    ).to(default_device())
     max_model_len = config.max_model_len or int(model.config.max_position_embeddings)
     engine = Engine(
         model,

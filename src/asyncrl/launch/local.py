@@ -3,8 +3,10 @@
 Each role runs as `asyncrl infer|orch|train <its config>` (files written to
 `<output_dir>/configs/`, so any role can be restarted by hand the same way) with its log in
 `<output_dir>/logs/`. Inference starts first and must answer /health; then the trainer and the
-orchestrator. The run ends when trainer and orchestrator have finished; if any role fails, or on
-Ctrl-C, all three are stopped and the failing role's log tail is shown.
+orchestrator. With `deployment: colocated` the trainer serves inference itself, so there is no
+`infer` process: trainer and orchestrator start together and the orchestrator waits for the
+trainer's server. The run ends when trainer and orchestrator have finished; if any role fails,
+or on Ctrl-C, every role is stopped and the failing role's log tail is shown.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ ROLES = ("infer", "orch", "train")
 
 def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    sections = {"infer": config.inference, "orch": config.orchestrator, "train": config.trainer}
+    sections = {"orch": config.orchestrator, "train": config.trainer}
+    if config.deployment == "disaggregated":
+        sections["infer"] = config.inference
     paths = {}
     for role, section in sections.items():
         path = directory / f"{role}.yaml"
@@ -39,16 +43,19 @@ def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
     return paths
 
 
-def thread_budget() -> dict[str, dict[str, str]]:
+def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
     """On a CPU-only machine, split the cores between inference and trainer instead of letting
-    each torch process use all of them (oversubscription slows both). A user's own
-    OMP_NUM_THREADS wins; GPU machines are left alone."""
+    each torch process use all of them (oversubscription slows both); a colocated trainer,
+    whose engine and training take turns, gets every core. A user's own OMP_NUM_THREADS wins;
+    GPU machines are left alone."""
     import torch
 
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
         return {role: {} for role in ROLES}
-    half = str(max(1, (os.cpu_count() or 2) // 2))
-    return {"infer": {"OMP_NUM_THREADS": half}, "train": {"OMP_NUM_THREADS": half},
+    cores = os.cpu_count() or 2
+    half = str(max(1, cores // 2))
+    train = str(cores) if colocated else half
+    return {"infer": {"OMP_NUM_THREADS": half}, "train": {"OMP_NUM_THREADS": train},
             "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
 
 
@@ -58,23 +65,30 @@ def run_rl(config: RLConfig) -> None:
     config = prepare_resume(config)
     paths = write_role_configs(config, output / "configs")
     command = [sys.executable, "-m", "asyncrl.cli"]
-    threads = thread_budget()
+    colocated = config.deployment == "colocated"
+    threads = thread_budget(colocated)
+    # the process that serves inference: a server of its own, or the trainer (colocated)
+    server_role = "train" if colocated else "infer"
     processes: dict[str, subprocess.Popen[bytes]] = {}
     # SIGTERM (a scheduler, `kill`) takes the same path as Ctrl-C: the `finally` below stops the
     # children gently; if the launcher is SIGKILLed the kernel still ends them (PDEATHSIG)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        processes["infer"] = start(
-            [*command, "infer", str(paths["infer"])], logs / "infer.log", threads["infer"]
-        )
+        # a colocated trainer serves only once it has found the orchestrator's run directory and
+        # resumed, so the orchestrator starts with it and waits for the server (startup_timeout)
+        first = ("train", "orch") if colocated else ("infer",)
+        for role in first:
+            processes[role] = start([*command, role, str(paths[role])], logs / f"{role}.log",
+                                    threads[role])  # fmt: skip
         host = config.inference.host
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.inference.port}"
-        wait_healthy(url, processes["infer"], timeout=600)
-        logger.info("rl: inference ready at %s; starting trainer and orchestrator", url)
+        wait_healthy(url, processes[server_role], timeout=600)
+        logger.info("rl: inference ready at %s%s", url, " (in the trainer)" if colocated else "")
         for role in ("train", "orch"):
-            processes[role] = start(
-                [*command, role, str(paths[role])], logs / f"{role}.log", threads[role]
-            )
+            if role not in processes:
+                processes[role] = start(
+                    [*command, role, str(paths[role])], logs / f"{role}.log", threads[role]
+                )
         supervise(processes, logs, config)
     except KeyboardInterrupt:
         logger.warning("rl: interrupted; stopping every role")

@@ -19,6 +19,7 @@ from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.engine_api import ENGINES, ChatTemplate, EngineAPI, identify
 from asyncrl.transport.broadcast import Broadcast
+from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
@@ -81,8 +82,19 @@ class ClientPool:
         await self.http.aclose()
 
     async def _probe(self, server: Server, model_name: str | None) -> None:
-        """Check the server is up and serves the model; learn its engine and weights version."""
-        await self.request(server, "GET", f"{server.root}/health")
+        """Wait for the server to come up, check it serves the model, learn its engine and
+        weights version."""
+        wait = Wait(f"{server.root}/health", logger, self.config.startup_timeout)
+        while True:
+            try:
+                await self.request(server, "GET", f"{server.root}/health", retries=1)
+                break
+            except InferenceUnavailable as error:
+                try:
+                    wait.check()
+                except TimeoutError:
+                    raise InferenceUnavailable(f"{server.root} never came up: {error}") from None
+                await asyncio.sleep(1.0)
         if not self.config.skip_model_check and model_name is not None:
             models = await self.request(server, "GET", f"{server.base_url}/models")
             served = [entry["id"] for entry in models.get("data", [])]
@@ -156,7 +168,7 @@ class ClientPool:
 
     async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
         api = await self.api(server)
-        if broadcast.kind == "nccl":  # the server received it from the trainer itself
+        if broadcast.pushed:  # the server received it from the trainer itself
             server.version = await api.version() or server.version
             return
         pause = self.config.pause_for_updates
@@ -171,6 +183,16 @@ class ClientPool:
             if pause != "none":
                 await api.resume()
         server.version = broadcast.step
+
+    async def refresh_versions(self) -> None:
+        """Ask every server which weights it holds: a trainer may push weights to it without a
+        broadcast directory (a colocated trainer syncs in memory after every step)."""
+
+        async def refresh(server: Server) -> None:
+            api = await self.api(server)
+            server.version = max(server.version, await api.version() or 0)
+
+        await asyncio.gather(*(refresh(server) for server in self.servers))
 
     def oldest_version(self) -> int:
         return min(server.version for server in self.servers)

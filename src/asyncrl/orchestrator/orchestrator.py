@@ -10,7 +10,9 @@ as enough fresh groups are ready. Staleness is bounded two ways, with k = max_as
   from a version ≥ s − 1 − k;
 - a rollout whose oldest token is from a version < s − 1 − max_off_policy_steps is dropped.
 
-With k = 0 this is synchronous on-policy GRPO; larger k lets generation run ahead of training.
+With k = 0 this is synchronous on-policy GRPO: every token of batch s was sampled by weights
+s − 1, and no group is launched beyond what the step needs (it would span the update and be
+dropped). Larger k lets generation run ahead of training.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.transport.batches import forget_batches_after
 from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
+from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.types import TrainingBatch
 from asyncrl.waiting import Wait
 
@@ -115,6 +118,7 @@ class Orchestrator:
     async def run(self) -> None:
         config = self.config
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        clear_finished(self.run_dir)
         sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
         self.warn_about_engine_limits()
@@ -139,7 +143,7 @@ class Orchestrator:
                 await self.sync_weights(need=step - 1 - config.max_async_level)
                 if self.evaluator is not None:
                     self.evaluator.start_due()
-                while len(in_flight) * config.rollouts_per_example < target:
+                while self.wanted(len(in_flight), len(ready), target):
                     in_flight.add(asyncio.create_task(self.launch(step)))
                 done, in_flight = await asyncio.wait(
                     in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
@@ -177,6 +181,7 @@ class Orchestrator:
                 )
             if self.evaluator is not None:
                 await self.evaluator.finish()
+            mark_finished(self.run_dir, step - 1)  # a colocated trainer may stop serving now
         finally:
             for task in in_flight:
                 task.cancel()
@@ -209,10 +214,18 @@ class Orchestrator:
         group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
         return group
 
+    def wanted(self, in_flight: int, ready: int, target: int) -> bool:
+        """Launch another group? Keep `target` rollouts in flight; on-policy (k = 0), count the
+        ready groups too, so that nothing is left generating when the weights change."""
+        groups = in_flight + (ready if self.config.max_async_level == 0 else 0)
+        return groups * self.config.rollouts_per_example < target
+
     def assemble(self, step: int, ready: deque[Group]) -> tuple[list[Group], Counter[str]] | None:
         """Batch `step` from the oldest ready groups that are fresh enough, if there are enough."""
         newest_floor = step - 1 - self.config.max_async_level
         oldest_floor = step - 1 - self.config.max_off_policy_steps
+        if self.config.max_async_level == 0:
+            oldest_floor = newest_floor  # on-policy: no token from older weights either
         drops: Counter[str] = Counter()
         if self.aborted_groups:
             drops["aborted"], self.aborted_groups = self.aborted_groups, 0
@@ -299,17 +312,22 @@ class Orchestrator:
 
     async def sync_weights(self, need: int) -> None:
         """Load the newest complete broadcast; block until every server holds version ≥ need
-        (at most `ckpt.wait_for_weights_timeout` seconds, when set)."""
+        (at most `ckpt.wait_for_weights_timeout` seconds, when set). While it waits it also
+        asks the servers: a colocated trainer hands them weights without a broadcast."""
         wait = Wait(
             f"weights version {need} from the trainer", logger,
             self.config.ckpt.wait_for_weights_timeout,
         )  # fmt: skip
+        asked = 0.0
         while True:
+            if self.clients.oldest_version() < need and time.monotonic() - asked > 0.2:
+                await self.clients.refresh_versions()
+                asked = time.monotonic()
             async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
                 broadcast = latest_broadcast(self.run_dir)
                 if broadcast is not None and broadcast.step > self.clients.oldest_version():
                     await self.clients.load(broadcast, LORA_NAME)
-                    if broadcast.kind == "lora":
+                    if broadcast.kind == "lora" and not broadcast.pushed:
                         self.request_model = LORA_NAME
             if self.clients.oldest_version() >= need:
                 return

@@ -26,6 +26,7 @@ from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from asyncrl.trainer.colocated import ColocatedInference
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
@@ -56,6 +57,7 @@ from asyncrl.transport.broadcast import (
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
+from asyncrl.transport.run_end import finished_since
 from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
@@ -90,38 +92,63 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
-    while config.max_steps < 0 or step <= config.max_steps:
-        waited = time.perf_counter()
-        batch = receive_everywhere(
-            lambda timeout, step=step: receiver.receive(step, timeout=timeout),  # on rank 0
-            batch_timeout,
-            ranks,
-        )
-        wait_time = time.perf_counter() - waited
-        if batch is None:
-            logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
-            break
-        micro_batches = this_ranks_micro_batches(batch, config, ranks, tokenizer.pad_token_id or 0)
-        stats = train_step(
-            model, reference, optimizer, scheduler, micro_batches, config, version=step - 1,
-            ranks=ranks,
-        )  # fmt: skip
-        publish(run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks)
-        maybe_sync_reference(reference, model, step, config)
-        maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
-        summary = stats.summary()
-        if metrics is not None and (step % config.logging_steps == 0 or step == config.max_steps):
-            summary["wait_time"] = wait_time
-            metrics.log(step, {f"trainer/{key}": value for key, value in summary.items()})
-        logger.info(
-            "trainer: step %d loss %.4f kl %.2e grad_norm %.3f (%.1f s)",
-            step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
-        )  # fmt: skip
-        step += 1
-    if receiver is not None:
-        receiver.close()
-    if sender is not None:
-        sender.close()
+    started_at = time.time()
+    colocated = None
+    if config.colocated_inference is not None:  # it sleeps while a step trains
+        colocated = ColocatedInference(config.colocated_inference, model, version=step - 1)
+    with contextlib.ExitStack() as cleanup:
+        for part in (colocated, receiver, sender):
+            if part is not None:
+                cleanup.callback(part.close)
+        while config.max_steps < 0 or step <= config.max_steps:
+            waited = time.perf_counter()
+            batch = receive_everywhere(
+                lambda timeout, step=step: receiver.receive(step, timeout=timeout),  # on rank 0
+                batch_timeout,
+                ranks,
+            )
+            wait_time = time.perf_counter() - waited
+            if batch is None:
+                logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
+                break
+            pad_token_id = tokenizer.pad_token_id or 0
+            micro_batches = this_ranks_micro_batches(batch, config, ranks, pad_token_id)
+            phases = colocated.sleep() if colocated is not None else {}
+            stats = train_step(
+                model, reference, optimizer, scheduler, micro_batches, config,
+                version=step - 1, ranks=ranks,
+            )  # fmt: skip
+            keep = config.max_async_level + 2
+            if colocated is None:
+                publish(run_dir, step, model, sender, keep=keep, ranks=ranks)
+            elif step == config.max_steps or (config.save_steps and step % config.save_steps == 0):
+                publish_weights(run_dir, step, model, keep=keep, pushed=True)  # eval and export
+            maybe_sync_reference(reference, model, step, config)
+            maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
+            if colocated is not None:
+                phases |= colocated.wake(step, model)
+            summary = stats.summary()
+            if metrics is not None and (
+                step % config.logging_steps == 0 or step == config.max_steps
+            ):
+                summary["wait_time"] = wait_time
+                record = {f"trainer/{key}": value for key, value in summary.items()}
+                metrics.log(step, record | phases)
+            logger.info(
+                "trainer: step %d loss %.4f kl %.2e grad_norm %.3f (%.1f s)",
+                step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
+            )  # fmt: skip
+            step += 1
+        if colocated is not None:
+            serve_until_finished(run_dir, since=started_at)
+
+
+def serve_until_finished(run_dir: Path, since: float) -> None:
+    """A colocated trainer's server outlives training: the orchestrator still loads the final
+    weights and may evaluate them. It is done when it marks the run finished."""
+    logger.info("trainer: training done; serving until the orchestrator finishes")
+    while not finished_since(run_dir, since):
+        time.sleep(0.2)
 
 
 def build_policy(

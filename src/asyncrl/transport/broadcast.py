@@ -40,6 +40,9 @@ class Broadcast:
     kind: Literal["full", "lora", "nccl"]  # nccl: weights went over the wire, only the marker here
     fingerprint: str
     path: Path
+    # the servers already hold these weights (nccl, or a colocated trainer's in-memory sync):
+    # readers only ask them for their version; the files, if any, are for eval and export
+    pushed: bool = False
 
 
 def broadcasts_dir(run_dir: str | Path) -> Path:
@@ -52,6 +55,7 @@ def publish_weights(
     model: torch.nn.Module,
     keep: int,
     state_dict: dict[str, torch.Tensor] | None = None,
+    pushed: bool = False,
 ) -> Broadcast:
     """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones.
     `state_dict`: the full weights when the model itself holds only a shard (FSDP)."""
@@ -70,9 +74,11 @@ def publish_weights(
     with atomic_directory(target) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
         marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
+        if pushed:
+            marker["pushed"] = True
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep)
-    return Broadcast(step, kind, fingerprint, target)
+    return Broadcast(step, kind, fingerprint, target, pushed)
 
 
 def publish_marker(run_dir: str | Path, step: int, fingerprint: str, keep: int) -> Broadcast:
@@ -82,7 +88,7 @@ def publish_marker(run_dir: str | Path, step: int, fingerprint: str, keep: int) 
         marker = {"step": step, "kind": "nccl", "fingerprint": fingerprint, "time": time.time()}
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep)
-    return Broadcast(step, "nccl", fingerprint, target)
+    return Broadcast(step, "nccl", fingerprint, target, pushed=True)
 
 
 def read_broadcast(path: Path) -> Broadcast | None:
@@ -92,7 +98,8 @@ def read_broadcast(path: Path) -> Broadcast | None:
         return None
     try:
         data = json.loads(marker.read_text())
-        return Broadcast(int(data["step"]), data["kind"], str(data["fingerprint"]), path)
+        pushed = bool(data.get("pushed", data["kind"] == "nccl"))
+        return Broadcast(int(data["step"]), data["kind"], str(data["fingerprint"]), path, pushed)
     except (json.JSONDecodeError, KeyError, ValueError) as error:
         raise ValueError(f"{marker}: not a valid STABLE marker ({error})") from error
 
