@@ -11,6 +11,12 @@ then the sequences: TRL's `loss_type="grpo"`), advantages r − mean(r) (TRL:
 launch, start-up included; the weights are snapshotted every `--every` seconds and scored
 afterwards on the held-out prompts with sampling at temperature 1.0.
 
+asyncrl runs twice: disaggregated (its own inference server, each role on half the cores) and
+`deployment: colocated` (the trainer hosts the engine; they take turns on every core). A
+colocated run writes weights to disk only at checkpoints, so it checkpoints every
+`--colocated-save-steps` steps here for the snapshots: a cost and a lag the disaggregated run,
+which writes a broadcast every step anyway, does not pay.
+
 Reports (a) seconds to reach `start + --target-gain` held-out reward and asyncrl's speed-up,
 and (b) the reward gained at 1, 3 and 5 minutes. Prints one JSON line.
 
@@ -57,8 +63,8 @@ def snapshot_times(budget: float, every: float) -> list[float]:
     return [float(t) for t in times]
 
 
-def run_asyncrl(args: argparse.Namespace, work: Path) -> dict[float, Path]:
-    output = work / "asyncrl"
+def run_asyncrl(args: argparse.Namespace, work: Path, colocated: bool) -> dict[float, Path]:
+    output = work / ("asyncrl-colocated" if colocated else "asyncrl")
     command = [
         sys.executable, "-m", "asyncrl.cli", "rl", str(REPO / "examples/reverse_text/rl.yaml"),
         "--model", args.sft, "--output_dir", str(output), "--max_steps", "100000",
@@ -67,6 +73,9 @@ def run_asyncrl(args: argparse.Namespace, work: Path) -> dict[float, Path]:
         "--orchestrator.rollouts_per_example", str(args.group),
         "--orchestrator.sampling.max_tokens", str(args.max_tokens),
     ]  # fmt: skip
+    if colocated:
+        command += ["--deployment", "colocated", "--max_async_level", str(args.colocated_k),
+                    "--trainer.save_steps", str(args.colocated_save_steps)]  # fmt: skip
     snapshots: dict[float, Path] = {}
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -77,7 +86,7 @@ def run_asyncrl(args: argparse.Namespace, work: Path) -> dict[float, Path]:
                 newest = latest_broadcast(output / "run_default")
                 if newest is None or newest.kind != "full":
                     break
-                target = work / "snapshots" / f"asyncrl-{int(mark)}"
+                target = work / "snapshots" / f"{output.name}-{int(mark)}"
                 try:
                     shutil.copytree(newest.path, target)
                 except (FileNotFoundError, shutil.Error):
@@ -144,6 +153,15 @@ def first_time_at(curve: dict[float, float], target: float) -> float | None:
     return next((t for t, reward in sorted(curve.items()) if reward >= target), None)
 
 
+def speedup_over(ours: float | None, theirs: float | None, budget: float) -> float | str | None:
+    """TRL's seconds to the target over ours; when TRL never got there, a lower bound."""
+    if ours and theirs:
+        return round(theirs / ours, 2)
+    if ours:
+        return f">= {budget / ours:.1f}"
+    return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sft", required=True, help="SFT checkpoint both start from")
@@ -155,7 +173,12 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=256, help="held-out prompts")
-    parser.add_argument("--systems", nargs="+", default=["asyncrl", "trl"])
+    parser.add_argument(
+        "--systems", nargs="+", default=["asyncrl", "asyncrl-colocated", "trl"],
+        choices=["asyncrl", "asyncrl-colocated", "trl"],
+    )  # fmt: skip
+    parser.add_argument("--colocated-k", type=int, default=0, help="its max_async_level")
+    parser.add_argument("--colocated-save-steps", type=int, default=4)
     args = parser.parse_args()
     args.recipe = resolve_recipe("auto").recipe  # both systems run what this device runs fast
     sft = Path(args.sft)
@@ -165,7 +188,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for system in args.systems:
-            snapshots = run_asyncrl(args, work) if system == "asyncrl" else run_trl(args, work)
+            if system == "trl":
+                snapshots = run_trl(args, work)
+            else:
+                snapshots = run_asyncrl(args, work, colocated=system == "asyncrl-colocated")
             curves[system] = {0.0: start} | {
                 t: held_out(path, sft, args.prompts) for t, path in snapshots.items()
             }
@@ -175,13 +201,11 @@ def main() -> None:
         name: {f"{int(t // 60)}min": round(curve[t] - start, 4) for t in MARKS if t in curve}
         for name, curve in curves.items()
     }
-    ours, theirs = to_target.get("asyncrl"), to_target.get("trl")
-    if ours and theirs:
-        speedup: float | str | None = round(theirs / ours, 2)
-    elif ours:  # the peer never got there: the budget bounds the ratio from below
-        speedup = f">= {args.budget / ours:.1f}"
-    else:
-        speedup = None
+    speedup = {
+        name: speedup_over(to_target.get(name), to_target.get("trl"), args.budget)
+        for name in curves
+        if name != "trl"
+    }
     print(json.dumps({
         "benchmark": "rl_vs_trl", "start_reward": round(start, 4), "target": round(target, 4),
         "seconds_to_target": to_target,

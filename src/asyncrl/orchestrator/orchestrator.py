@@ -318,11 +318,9 @@ class Orchestrator:
             f"weights version {need} from the trainer", logger,
             self.config.ckpt.wait_for_weights_timeout,
         )  # fmt: skip
-        asked = 0.0
         while True:
-            if self.clients.oldest_version() < need and time.monotonic() - asked > 0.2:
+            if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
                 await self.clients.refresh_versions()
-                asked = time.monotonic()
             async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
                 broadcast = latest_broadcast(self.run_dir)
                 if broadcast is not None and broadcast.step > self.clients.oldest_version():

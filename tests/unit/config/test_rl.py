@@ -120,3 +120,28 @@ def test_nccl_broadcast_on_the_trainer_switches_the_server_to_receive_it() -> No
     )  # fmt: skip
     assert config.inference.weight_broadcast_type == "nccl"
     assert config.inference.weight_broadcast_port == 29600
+
+
+def test_colocated_deployment_hands_the_inference_section_to_the_trainer() -> None:
+    config = rl("--model", "m", "--deployment", "colocated", "--inference.port", "8124",
+                "--inference.max_num_seqs", "16")  # fmt: skip
+    served = config.trainer.colocated_inference
+    assert served is not None
+    assert (served.model, served.port, served.max_num_seqs) == ("m", 8124, 16)
+    assert config.orchestrator.client.base_url == ["http://127.0.0.1:8124/v1"]
+    assert rl("--model", "m").trainer.colocated_inference is None  # disaggregated by default
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["--launcher", "ray"], "launcher: local"),
+        (["--inference.backend", "vllm"], "vLLM's in-process engine"),
+        (["--trainer.world_size", "2"], "shares one device"),
+        (["--trainer.lora", "false", "--trainer.weight_broadcast", "{type: nccl}"],
+         "syncs weights in memory"),
+    ],
+)  # fmt: skip
+def test_colocated_refuses_what_it_cannot_do(overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        rl("--model", "m", "--deployment", "colocated", *overrides)
