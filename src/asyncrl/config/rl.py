@@ -90,6 +90,11 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
     data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
     for role in ("inference", "orchestrator", "trainer"):
         data.setdefault(role, {})
+    async_level_set = data.get("max_async_level") is not None or any(
+        _get(data, path)[0] for path in SHARED_FIELDS["max_async_level"]
+    )
+    if data.get("deployment") == "colocated" and not async_level_set:
+        data["max_async_level"] = 0  # on one device nothing overlaps: on-policy by default
     for shared, paths in SHARED_FIELDS.items():
         normalise = NORMALISE[shared]
         known: tuple[str, Any] | None = None
@@ -207,7 +212,10 @@ class RLConfig(StrictModel):
     seq_len: int | None = Field(None, gt=0, description="Sequence length for every role.")
     max_steps: int | None = Field(None, gt=0, description="Training steps (null = no limit).")
     max_async_level: int | None = Field(
-        None, ge=0, description="How many steps inference may lag behind the trainer."
+        None,
+        ge=0,
+        description="How many steps inference may lag behind the trainer (unset: the roles' "
+        "default, 1; 0 with `deployment: colocated`, where nothing overlaps).",
     )
     output_dir: str = Field(
         "outputs", description="Trainer output_dir; the orchestrator uses `<it>/run_default`."

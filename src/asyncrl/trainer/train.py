@@ -96,6 +96,12 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     colocated = None
     if config.colocated_inference is not None:  # it sleeps while a step trains
         colocated = ColocatedInference(config.colocated_inference, model, version=step - 1)
+        if config.max_async_level > 0:
+            logger.warning(
+                "colocated: max_async_level %d lets rollouts span a weight update, but the engine "
+                "sleeps while a step trains, so nothing overlaps: it only adds off-policy tokens "
+                "(0 was faster on this CPU, see the README)", config.max_async_level,
+            )  # fmt: skip
     with contextlib.ExitStack() as cleanup:
         for part in (colocated, receiver, sender):
             if part is not None:

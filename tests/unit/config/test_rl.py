@@ -132,6 +132,13 @@ def test_colocated_deployment_hands_the_inference_section_to_the_trainer() -> No
     assert rl("--model", "m").trainer.colocated_inference is None  # disaggregated by default
 
 
+def test_colocated_is_on_policy_unless_told_otherwise() -> None:
+    assert rl("--model", "m", "--deployment", "colocated").max_async_level == 0
+    assert rl("--model", "m").orchestrator.max_async_level == 1
+    told = rl("--model", "m", "--deployment", "colocated", "--trainer.max_async_level", "2")
+    assert told.orchestrator.max_async_level == told.trainer.max_async_level == 2
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
