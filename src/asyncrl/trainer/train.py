@@ -124,6 +124,8 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
                 model, reference, optimizer, scheduler, micro_batches, config,
                 version=step - 1, ranks=ranks,
             )  # fmt: skip
+            if colocated is not None:  # generation resumes while the files below are written
+                phases |= colocated.wake(step, model)
             keep = config.max_async_level + 2
             if colocated is None:
                 publish(run_dir, step, model, sender, keep=keep, ranks=ranks)
@@ -131,8 +133,6 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
                 publish_weights(run_dir, step, model, keep=keep, pushed=True)  # eval and export
             maybe_sync_reference(reference, model, step, config)
             maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
-            if colocated is not None:
-                phases |= colocated.wake(step, model)
             summary = stats.summary()
             if metrics is not None and (
                 step % config.logging_steps == 0 or step == config.max_steps
