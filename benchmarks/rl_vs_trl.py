@@ -6,16 +6,16 @@ completions per step, learning rate, optimizer (AdamW, constant schedule), preci
 bfloat16 is native, fp32 elsewhere), loss (clipped GRPO, ε = 0.2, each sequence's tokens averaged,
 then the sequences: TRL's `loss_type="grpo"`), advantages r − mean(r) (TRL:
 `scale_rewards="none"`), temperature 1.0 and max tokens: the settings of
-`examples/reverse_text/rl.yaml`, which asyncrl runs as written. TRL gets its best CPU setting
-(no gradient checkpointing). Each runs for `--budget` seconds of wall clock from its own
-launch, start-up included; the weights are snapshotted every `--every` seconds and scored
-afterwards on the held-out prompts with sampling at temperature 1.0.
+`examples/reverse_text/rl.yaml`, which asyncrl runs as written but for the deployment. TRL gets
+its best CPU setting (no gradient checkpointing). Each runs for `--budget` seconds of wall clock
+from its own launch, start-up included; the weights are snapshotted every `--every` seconds and
+scored afterwards on the held-out prompts with sampling at temperature 1.0.
 
-asyncrl runs twice: disaggregated (its own inference server, each role on half the cores) and
-`deployment: colocated` (the trainer hosts the engine; they take turns on every core). A
-colocated run writes weights to disk only at checkpoints, so it checkpoints every
-`--colocated-save-steps` steps here for the snapshots: a cost and a lag the disaggregated run,
-which writes a broadcast every step anyway, does not pay.
+asyncrl runs twice: disaggregated with max_async_level 1 (its own inference server, each role
+on half the cores) and, as the quick start does, `deployment: colocated` with 0 (the trainer
+hosts the engine; they take turns on every core). A colocated run writes weights to disk only
+at checkpoints, so it checkpoints every `--colocated-save-steps` steps here for the snapshots: a
+cost and a lag the disaggregated run, which writes a broadcast every step anyway, does not pay.
 
 Reports (a) seconds to reach `start + --target-gain` held-out reward and asyncrl's speed-up,
 and (b) the reward gained at 1, 3 and 5 minutes. Prints one JSON line.
@@ -76,6 +76,8 @@ def run_asyncrl(args: argparse.Namespace, work: Path, colocated: bool) -> dict[f
     if colocated:
         command += ["--deployment", "colocated", "--max_async_level", str(args.colocated_k),
                     "--trainer.save_steps", str(args.colocated_save_steps)]  # fmt: skip
+    else:
+        command += ["--deployment", "disaggregated", "--max_async_level", "1"]
     snapshots: dict[float, Path] = {}
     started = time.monotonic()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

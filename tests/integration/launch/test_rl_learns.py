@@ -25,7 +25,7 @@ STEPS = 250
 # steps averaged at each end. Measured on an AMD EPYC (fp32 under `auto`, 1.4 s per step):
 # z = 9.6 at 250 steps (4.5 at 150); from a weaker 40-step SFT start 8.1; at a damaging lr 4.9
 WINDOW = 60
-ASYNC, OFF_POLICY = 1, 2  # examples/reverse_text/rl.yaml
+ASYNC = OFF_POLICY = 0  # examples/reverse_text/rl.yaml: colocated, on-policy
 
 
 def asyncrl(*args: str) -> None:
