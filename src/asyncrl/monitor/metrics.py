@@ -7,9 +7,13 @@ records and `read_headers` the headers, so readers of curves never meet a header
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
+import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +40,31 @@ class MetricsWriter:
 
     def _append(self, record: dict[str, Any], values: dict[str, Any]) -> None:
         record.update({key: _plain(value) for key, value in values.items()})
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        line = (json.dumps(record) + "\n").encode()
+        # one write(2) on an O_APPEND descriptor: roles appending at once never interleave; the
+        # lock keeps a restarted role's rewrite (`forget_metrics_after`) from losing this line
+        with _shared(self.path):
+            descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(descriptor, line)
+            finally:
+                os.close(descriptor)
+
+
+@contextmanager
+def _locked(path: Path, kind: int) -> Iterator[None]:
+    """`metrics.lock` beside the file: appends share it, a rewrite takes it alone."""
+    with open(path.with_name("metrics.lock"), "a") as handle:
+        fcntl.flock(handle, kind)
+        yield
+
+
+def _shared(path: Path) -> Any:
+    return _locked(path, fcntl.LOCK_SH)
+
+
+def _exclusive(path: Path) -> Any:
+    return _locked(path, fcntl.LOCK_EX)
 
 
 def _plain(value: Any) -> Any:
@@ -78,17 +105,21 @@ def _read_records(path: str | Path, role: str | None) -> list[dict[str, Any]]:
     return records
 
 
-def forget_metrics_after(path: str | Path, step: int) -> None:
-    """Before a resume from `step`: keep the headers and the records up to `step`; drop later
-    ones and a torn line from the crash."""
+def forget_metrics_after(path: str | Path, step: int, role: str | None = None) -> None:
+    """Before a resume from `step`: keep the headers and the records up to `step` (of `role`,
+    or of every role); drop later ones and a torn line from the crash."""
     path = Path(path)
     if not path.exists():
         return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
+    with _exclusive(path):
+        for leftover in path.parent.glob(f".{path.name}.*.tmp"):  # a rewrite killed midway
+            leftover.unlink(missing_ok=True)
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if record.get("step", 0) <= step or (role is not None and record.get("role") != role):
                 kept.append(line)
-        except json.JSONDecodeError:
-            continue
-    atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode())
+        atomic_write_bytes(path, ("\n".join(kept) + "\n" if kept else "").encode())

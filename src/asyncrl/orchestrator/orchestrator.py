@@ -34,7 +34,7 @@ from asyncrl.envs import Environment, load_environment
 from asyncrl.envs.reward_pool import RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
-from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
 from asyncrl.monitor.samples import samples_path
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
@@ -43,8 +43,8 @@ from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
-from asyncrl.step_dirs import remove_staging_leftovers
-from asyncrl.transport.batches import forget_batches_after
+from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
+from asyncrl.transport.batches import done_path, last_batch_from
 from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
@@ -155,15 +155,17 @@ class Orchestrator:
                     continue
                 groups, drops = batch
                 samples = [s for g in groups for s in g.samples]
+                now = time.monotonic()
+                temperature = temperature_at(step, config.max_steps, config.sampling)
+                # the record first: a restart after a crash between the two forgets the record
+                # of a batch never written, and never misses the record of one that was
+                self.metrics.log(
+                    step, batch_metrics(step, groups, drops, now - last_batch, temperature)
+                )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
                 batch = TrainingBatch(step, samples, config.sampling.max_tokens)
                 await asyncio.to_thread(sender.send, batch)
-                now = time.monotonic()
-                temperature = temperature_at(step, config.max_steps, config.sampling)
-                self.metrics.log(
-                    step, batch_metrics(step, groups, drops, now - last_batch, temperature)
-                )
                 logger.info(
                     "orchestrator: batch %d written (reward %.3f, servers at version %d)",
                     step, sum(r for g in groups for r in g.rewards) / config.batch_size,
@@ -271,20 +273,35 @@ class Orchestrator:
 
     def resume(self) -> int:
         """The step generation resumes after (0 for a fresh start), with progress and buffer
-        restored as `ckpt.skip_progress` / `ckpt.skip_buffer` allow; batches the crashed run
-        wrote after that step are removed (the trainer never trained on them)."""
+        restored as `ckpt.skip_progress` / `ckpt.skip_buffer` allow. Batches already written
+        after the checkpoint stay (the trainer may have trained on them: a written batch is
+        final) and generation goes on after the last of them; this role's metrics records
+        after that step go, since they belong to batches that will be made again."""
         ckpt = self.config.ckpt
-        remove_staging_leftovers(self.run_dir / "rollouts")  # what a crash left half-written
+        checkpoints = step_dirs(self.run_dir / "checkpoints")
+        own = [self.run_dir / "rollouts", samples_path(self.run_dir, 0).parent]
+        for folder in own + [path / "orchestrator" for _, path in checkpoints]:
+            remove_staging_leftovers(folder)  # what a crash left half-written
         step = resolve_resume_step(ckpt.resume_step, self.run_dir, ("orchestrator",))
         if step is None:
-            return 0
-        state = json.loads((checkpoint_dir(self.run_dir, step, "orchestrator") / STATE).read_text())
-        if not ckpt.skip_buffer:
-            self.buffer.load_state(state["buffer"])
-        self.seeds = itertools.count(state["seeds_used"])
-        forget_batches_after(self.run_dir, step)
-        logger.info("orchestrator: resumed after step %d", step)
-        return 0 if ckpt.skip_progress else step
+            if ckpt.resume_step is None:
+                return 0
+            step = 0  # restarted before its first checkpoint
+        else:
+            directory = checkpoint_dir(self.run_dir, step, "orchestrator")
+            state = json.loads((directory / STATE).read_text())
+            if not ckpt.skip_buffer:
+                self.buffer.load_state(state["buffer"])
+            self.seeds = itertools.count(state["seeds_used"])
+        written = last_batch_from(self.run_dir, step)
+        done_path(self.run_dir).unlink(missing_ok=True)
+        for role in ("orchestrator", "eval"):
+            forget_metrics_after(self.run_dir / "metrics.jsonl", written, role=role)
+        logger.info(
+            "orchestrator: resumed from the checkpoint of step %d; batches up to %d were already "
+            "written", step, written,
+        )  # fmt: skip
+        return 0 if ckpt.skip_progress else written
 
     def maybe_checkpoint(self, step: int) -> None:
         ckpt = self.config.ckpt
@@ -311,9 +328,11 @@ class Orchestrator:
             )
 
     async def sync_weights(self, need: int) -> None:
-        """Load the newest complete broadcast; block until every server holds version ≥ need
-        (at most `ckpt.wait_for_weights_timeout` seconds, when set). While it waits it also
-        asks the servers: a colocated trainer hands them weights without a broadcast."""
+        """Load the newest complete broadcast; block until every server that is up holds
+        version ≥ need (at most `ckpt.wait_for_weights_timeout` seconds, when set). While it
+        waits it also asks the servers: a colocated trainer hands them weights without a
+        broadcast. A server back from a restart gets the newest weights before any work, and
+        servers whose weights a restarted trainer withdrew go back to its newest broadcast."""
         wait = Wait(
             f"weights version {need} from the trainer", logger,
             self.config.ckpt.wait_for_weights_timeout,
@@ -321,12 +340,14 @@ class Orchestrator:
         while True:
             if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
                 await self.clients.refresh_versions()
+            await self.clients.revive()  # servers that were down and answer again
             async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
                 broadcast = latest_broadcast(self.run_dir)
-                if broadcast is not None and broadcast.step > self.clients.oldest_version():
-                    await self.clients.load(broadcast, LORA_NAME)
+                if broadcast is not None and (servers := self.clients.needing(broadcast)):
+                    await self.clients.load(broadcast, LORA_NAME, servers)
                     if broadcast.kind == "lora" and not broadcast.pushed:
                         self.request_model = LORA_NAME
+            self.clients.mark_up()  # a server back from a restart holds the newest weights now
             if self.clients.oldest_version() >= need:
                 return
             wait.check()

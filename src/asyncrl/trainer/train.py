@@ -23,7 +23,7 @@ from transformers import AutoTokenizer
 from asyncrl.checkpoint.layout import checkpoint_dir, prune, resolve_resume_step
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
-from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
 from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from asyncrl.trainer.colocated import ColocatedInference
@@ -49,6 +49,7 @@ from asyncrl.trainer.parallel import (
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
 from asyncrl.transport.broadcast import (
+    STABLE,
     broadcasts_dir,
     forget_broadcasts_after,
     publish_marker,
@@ -92,6 +93,7 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
+    republish_on_resume(config, run_dir, step - 1, model, ranks)
     started_at = time.time()
     colocated = None
     if config.colocated_inference is not None:  # it sleeps while a step trains
@@ -200,21 +202,48 @@ def resume(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     ranks: Ranks,
 ) -> int:
-    """The step training resumes after (0 for a fresh start). Broadcasts the crashed run made
-    after that step are removed: they belong to a future this run will redo."""
+    """The step training resumes after (0 for a fresh start). Broadcasts and trainer metrics
+    records the crashed run made after that step are removed: they belong to a future this run
+    will redo. Asked to resume with no checkpoint yet (a restart early in the run), it starts
+    from the initial weights as step 0."""
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     if ranks.is_main:  # what a crash left half-written
         remove_staging_leftovers(broadcasts_dir(run_dir))
+        remove_staging_leftovers(root or run_dir / "checkpoints")
     step = resolve_resume_step(config.resume_step, run_dir, ("trainer",), root)
-    if step is None:
+    if config.resume_step is None:
         return 0
-    load_trainer_checkpoint(
-        checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler, ranks
-    )
+    if step is not None:
+        load_trainer_checkpoint(
+            checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler, ranks
+        )
+    step = step or 0
     if ranks.is_main:
         forget_broadcasts_after(run_dir, step)
+        forget_metrics_after(run_dir / "metrics.jsonl", step, role="trainer")
     logger.info("trainer: resumed from the checkpoint of step %d", step)
     return step
+
+
+def republish_on_resume(
+    config: TrainerConfig,
+    run_dir: Path,
+    step: int,
+    model: torch.nn.Module,
+    ranks: Ranks,
+) -> None:
+    """Publish the resumed weights as broadcast `step` when it is gone (pruned, or never made):
+    servers running a withdrawn future go back to them, and a fresh server gets the weights
+    the resumed run continues from rather than waiting for the next step."""
+    if config.resume_step is None or config.colocated_inference is not None:
+        return  # a fresh start; or a colocated trainer, whose engine starts from its weights
+    if config.weight_broadcast.type == "nccl":
+        return  # the servers get weights over the wire from the next step on
+    if (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
+        return
+    publish(run_dir, step, model, None, keep=config.max_async_level + 2, ranks=ranks)
+    if ranks.is_main:
+        logger.info("trainer: republished the weights of step %d for the servers", step)
 
 
 def maybe_checkpoint(

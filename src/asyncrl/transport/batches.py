@@ -45,6 +45,14 @@ def batch_path(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "rollouts" / f"step_{step}" / BATCH_FILE
 
 
+def last_batch_from(run_dir: str | Path, step: int) -> int:
+    """The last of the batches step + 1, step + 2, … already written without a gap (`step` if
+    none): a restarted orchestrator goes on after it, since the trainer may have trained them."""
+    while batch_path(run_dir, step + 1).exists():
+        step += 1
+    return step
+
+
 def encode_batch(batch: TrainingBatch) -> bytes:
     return _encoder.encode(batch)
 

@@ -5,7 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl.monitor.metrics import MetricsWriter, read_headers, read_metrics
+from asyncrl.monitor.metrics import (
+    MetricsWriter,
+    forget_metrics_after,
+    read_headers,
+    read_metrics,
+)
 
 
 def test_one_line_per_step_and_role_read_back(tmp_path: Path) -> None:
@@ -45,3 +50,16 @@ def test_run_headers_are_kept_apart_from_step_records(tmp_path: Path) -> None:
     assert header["precision/bf16_slowdown"] is None  # inf written as null
     assert "step" not in header
     assert read_headers(path, role="sft") == []
+
+
+def test_a_restarted_role_forgets_only_its_own_later_records(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    for step in (1, 2, 3):
+        MetricsWriter(path, role="trainer").log(step, {"loss": step})
+        MetricsWriter(path, role="orchestrator").log(step, {"reward": step})
+    (tmp_path / ".metrics.jsonl.abc.tmp").write_text("a rewrite killed midway")
+    forget_metrics_after(path, 1, role="trainer")
+    assert [(r["role"], r["step"]) for r in read_metrics(path)] == [
+        ("trainer", 1), ("orchestrator", 1), ("orchestrator", 2), ("orchestrator", 3)
+    ]  # fmt: skip
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.lock"]
