@@ -1,6 +1,10 @@
 """Talking to the inference servers: a pool with least-loaded routing, retries with backoff, the
 API key from the environment, and weight updates that work against every engine.
 
+A server that fails every retry is marked down: its groups go to the other servers, or wait for
+it (up to `client.startup_timeout`). Once it answers again (restarted), the orchestrator loads
+the newest weights into it before it takes work again (`revive`, `needing`).
+
 Each server is reached at its OpenAI base URL (`http://host:port/v1`); admin routes live at the
 server root. Which engine a server runs is learned once, when the pool first reaches it
 (`engine_api.identify`); from then on every call goes through that engine's `EngineAPI`.
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -38,12 +42,22 @@ class InferenceUnavailable(RuntimeError):
     """A server did not answer after every retry; the message names it."""
 
 
+class ServerDown(InferenceUnavailable):
+    """Connection errors or 5xx on every retry: the server is marked down until it answers."""
+
+
+# a server's life as the pool sees it: `up` takes work; `down` failed and is probed; `back`
+# answers again (restarted) and takes work once it holds the newest weights
+ServerState = Literal["up", "down", "back"]
+
+
 @dataclass
 class Server:
     base_url: str  # .../v1
     in_flight: int = 0
     version: int = 0
     api: EngineAPI | None = None  # set when the pool first reaches the server
+    state: ServerState = "up"
 
     @property
     def root(self) -> str:
@@ -85,6 +99,7 @@ class ClientPool:
         """Wait for the server to come up, check it serves the model, learn its engine and
         weights version."""
         wait = Wait(f"{server.root}/health", logger, self.config.startup_timeout)
+        server.state = "down"  # until it answers: no "is down" warning while it starts
         while True:
             try:
                 await self.request(server, "GET", f"{server.root}/health", retries=1)
@@ -104,6 +119,7 @@ class ClientPool:
                     "(set client.skip_model_check to skip this check)"
                 )
         await self.api(server)
+        server.state = "up"
 
     async def api(self, server: Server) -> EngineAPI:
         """The server's engine API, identified on first use."""
@@ -140,10 +156,39 @@ class ClientPool:
                 last = error
             if attempt + 1 < retries:
                 await asyncio.sleep(BACKOFF_S * 2**attempt)
-        raise InferenceUnavailable(f"{url} failed after {retries} attempts: {last}")
+        if server.state == "up":
+            logger.warning(
+                "%s is down (%s); its work goes to other servers or waits for it to come back",
+                server.root, last,
+            )  # fmt: skip
+        server.state = "down"
+        raise ServerDown(f"{url} failed after {retries} attempts: {last}")
 
     def least_loaded(self) -> Server:
-        return min(self.servers, key=lambda server: server.in_flight)
+        up = [server for server in self.servers if server.state == "up"] or self.servers
+        return min(up, key=lambda server: server.in_flight)
+
+    async def generate_anywhere(
+        self, route: str, body: dict[str, Any], cost: int
+    ) -> tuple[Server, dict[str, Any]]:
+        """`generate` on the least-loaded server that is up; when a server goes down midway the
+        request goes to another, or waits until one is back (`client.startup_timeout`)."""
+        wait: Wait | None = None
+        while True:
+            if not any(server.state == "up" for server in self.servers):
+                wait = wait or Wait("an inference server to come back", logger,
+                                    self.config.startup_timeout)  # fmt: skip
+                try:
+                    wait.check()
+                except TimeoutError as error:
+                    raise InferenceUnavailable(f"every server is down: {error}") from None
+                await asyncio.sleep(0.2)
+                continue
+            server = self.least_loaded()
+            try:
+                return server, await self.generate(server, route, body, cost)
+            except ServerDown:
+                continue  # marked down: another server, or this one once it is back
 
     async def generate(
         self, server: Server, route: str, body: dict[str, Any], cost: int
@@ -161,16 +206,66 @@ class ClientPool:
         return server.api is not None and server.api.per_token_versions
 
     # weights -------------------------------------------------------------------------------------
-    async def load(self, broadcast: Broadcast, lora_name: str) -> None:
-        """Every server to `broadcast`'s weights (full checkpoint or LoRA adapter, in place),
-        pausing generation around the load when `pause_for_updates` asks for it."""
-        await asyncio.gather(*(self._load_one(s, broadcast, lora_name) for s in self.servers))
+    async def load(
+        self, broadcast: Broadcast, lora_name: str, servers: list[Server] | None = None
+    ) -> None:
+        """Every server (or those given) to `broadcast`'s weights (full checkpoint or LoRA
+        adapter, in place), pausing generation around the load when `pause_for_updates` asks
+        for it. A server that is down meanwhile is skipped: it is loaded when it is back."""
+        targets = self.servers if servers is None else servers
+        results = await asyncio.gather(
+            *(self._load_one(s, broadcast, lora_name) for s in targets), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, ServerDown):
+                raise result
+
+    def needing(self, broadcast: Broadcast) -> list[Server]:
+        """Servers that should load `broadcast`: older weights, or (files only) weights newer
+        than any broadcast — a future the restarted trainer withdrew."""
+        return [
+            server
+            for server in self.servers
+            if server.state != "down"
+            and (
+                server.version < broadcast.step
+                or (server.version > broadcast.step and not broadcast.pushed)
+                or server.state == "back"
+            )
+        ]
+
+    async def revive(self) -> None:
+        """Probe the servers that are down; one that answers is `back`, with its own (restarted)
+        weights version, until the newest weights are loaded into it (`mark_up`)."""
+
+        async def probe(server: Server) -> None:
+            try:
+                await self.request(server, "GET", f"{server.root}/health", retries=1)
+                server.version = (await (await self.api(server)).version()) or 0
+            except InferenceUnavailable:
+                server.state = "down"
+                return
+            server.state = "back"
+            logger.info("%s answers again, at weights version %d", server.root, server.version)
+
+        await asyncio.gather(*(probe(s) for s in self.servers if s.state == "down"))
+
+    def mark_up(self) -> None:
+        """Servers that are back and now hold the newest weights take work again."""
+        for server in self.servers:
+            if server.state == "back":
+                server.state = "up"
 
     async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
         api = await self.api(server)
         if broadcast.pushed:  # the server received it from the trainer itself
             server.version = await api.version() or server.version
             return
+        if server.version > broadcast.step:
+            logger.info(
+                "%s goes back from weights version %d to %d: the trainer resumed from an "
+                "earlier checkpoint", server.root, server.version, broadcast.step,
+            )  # fmt: skip
         pause = self.config.pause_for_updates
         if pause != "none":
             await api.pause(pause)
@@ -189,13 +284,17 @@ class ClientPool:
         broadcast directory (a colocated trainer syncs in memory after every step)."""
 
         async def refresh(server: Server) -> None:
-            api = await self.api(server)
-            server.version = max(server.version, await api.version() or 0)
+            try:
+                version = await (await self.api(server)).version()
+            except ServerDown:
+                return  # marked down; `revive` takes over
+            server.version = max(server.version, version or 0)
 
-        await asyncio.gather(*(refresh(server) for server in self.servers))
+        await asyncio.gather(*(refresh(s) for s in self.servers if s.state == "up"))
 
     def oldest_version(self) -> int:
-        return min(server.version for server in self.servers)
+        """The oldest weights among the servers that take work (-1 while none does)."""
+        return min((s.version for s in self.servers if s.state == "up"), default=-1)
 
     # elastic discovery ---------------------------------------------------------------------------
     async def _discover(self) -> None:

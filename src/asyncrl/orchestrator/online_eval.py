@@ -131,8 +131,7 @@ class OnlineEval:
         """(reward, token versions) of each of the k samples of one example."""
         route, body = self._request(example)
         async with self.limit:
-            server = self.clients.least_loaded()
-            response = await self.clients.generate(server, route, body, cost=body["n"])
+            _, response = await self.clients.generate_anywhere(route, body, cost=body["n"])
         samples = [_sample(choice, launch_version) for choice in response["choices"]]
         scored = await asyncio.gather(*(target.rewards.score(s.text, example) for s in samples))
         return [(r.reward, s.versions) for r, s in zip(scored, samples, strict=True)]

@@ -139,8 +139,7 @@ async def run_group(
     route, body = request_body(request, config)
     retries = 0
     while True:
-        server = clients.least_loaded()
-        response = await clients.generate(server, route, body, cost=config.rollouts_per_example)
+        _, response = await clients.generate_anywhere(route, body, cost=config.rollouts_per_example)
         choices = sorted(
             (Completion.parse(choice, response) for choice in response["choices"]),
             key=lambda choice: choice.index,

@@ -1,0 +1,47 @@
+"""Which servers take work and which get weights, as servers go down and come back: a server
+back from a restart takes no work until it holds the newest weights, and weights a restarted
+trainer withdrew are replaced by its newest broadcast."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from asyncrl.config.orchestrator import ClientConfig
+from asyncrl.orchestrator.client import ClientPool
+from asyncrl.transport.broadcast import Broadcast
+
+
+def pool_with(*servers: tuple[str, int]) -> ClientPool:
+    pool = ClientPool(ClientConfig(base_url=[f"http://h{i}:1/v1" for i in range(len(servers))]))
+    for server, (state, version) in zip(pool.servers, servers, strict=True):
+        server.state, server.version = state, version  # type: ignore[assignment]
+    return pool
+
+
+def broadcast(step: int, pushed: bool = False) -> Broadcast:
+    return Broadcast(step, "full", "f", Path(f"/b/step_{step}"), pushed)
+
+
+def test_only_servers_that_are_up_take_work_and_set_the_oldest_version() -> None:
+    pool = pool_with(("up", 5), ("down", 0), ("back", 0))
+    pool.servers[0].in_flight = 10
+    assert pool.least_loaded() is pool.servers[0]
+    assert pool.oldest_version() == 5
+    assert pool_with(("down", 3)).oldest_version() == -1
+
+
+def test_servers_behind_back_from_a_restart_or_on_withdrawn_weights_need_the_broadcast() -> None:
+    pool = pool_with(("up", 4), ("up", 3), ("up", 5), ("back", 4), ("down", 0))
+    assert [pool.servers.index(s) for s in pool.needing(broadcast(4))] == [1, 2, 3]
+
+
+def test_a_server_ahead_of_a_pushed_broadcast_keeps_its_weights() -> None:
+    """A colocated trainer pushes every step but writes files only every `save_steps`."""
+    pool = pool_with(("up", 7))
+    assert pool.needing(broadcast(4, pushed=True)) == []
+
+
+def test_a_server_back_takes_work_once_marked_up() -> None:
+    pool = pool_with(("back", 4), ("down", 0))
+    pool.mark_up()
+    assert [server.state for server in pool.servers] == ["up", "down"]
