@@ -151,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from asyncrl.heartbeat import start_heartbeat
     from asyncrl.log import setup_logging
 
     setup_logging()
+    start_heartbeat()
     try:
         command.run(config)
     except ConfigError as error:

@@ -18,6 +18,12 @@ from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.ray import RayConfig
 from asyncrl.config.report import ReportConfig
+from asyncrl.config.restart import (
+    CHECKPOINTS_KEPT,
+    ORCHESTRATOR_CHECKPOINT_INTERVAL,
+    TRAINER_CHECKPOINT_INTERVAL,
+    RestartConfig,
+)
 from asyncrl.config.trainer import TrainerConfig
 
 RUN_DIR_NAME = "run_default"
@@ -119,9 +125,31 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
             _set(data, path, _role_value(shared, path, known[1]))
     _propagate_output_dir(data)
     _check_model_len(data)
+    _checkpoints_for_restarts(data)
     _connect_roles(data)
     _colocate(data)
     return data
+
+
+def _checkpoints_for_restarts(data: dict[str, Any]) -> None:
+    """With restarts on and no checkpoint interval set, a restarted role needs something to
+    resume from: the orchestrator checkpoints every step (a few kilobytes), the trainer every
+    25 steps, each keeping the last two."""
+    restart, orchestrator, trainer = data.get("restart"), data["orchestrator"], data["trainer"]
+    max_restarts = restart.get("max_restarts", 3) if isinstance(restart, dict) else 3
+    if max_restarts == 0 or data.get("launcher") == "ray":  # Ray: restarts are not built yet
+        return
+    if not isinstance(orchestrator, dict) or not isinstance(trainer, dict):
+        return
+    ckpt = orchestrator.setdefault("ckpt", {})
+    if not isinstance(ckpt, dict) or ckpt.get("interval") is not None:
+        return
+    if trainer.get("save_steps") is not None:
+        return
+    ckpt["interval"] = ORCHESTRATOR_CHECKPOINT_INTERVAL
+    trainer["save_steps"] = TRAINER_CHECKPOINT_INTERVAL
+    for section in (ckpt, trainer):
+        section.setdefault("keep_last", CHECKPOINTS_KEPT)
 
 
 def _colocate(data: dict[str, Any]) -> None:
@@ -233,6 +261,12 @@ class RLConfig(StrictModel):
         "each) and weights are synced in memory, with no files between them.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
+    restart: RestartConfig = Field(
+        default_factory=RestartConfig,
+        description="Restart a role that dies or hangs, from its last checkpoint (unset "
+        "checkpoint intervals then default to every step for the orchestrator, every 25 for "
+        "the trainer). The local launcher only: under Ray a dead role still stops the run.",
+    )
     report_to: ReportConfig | None = Field(
         None,
         description="Send every role's records, eval results and sample tables to trackers: "

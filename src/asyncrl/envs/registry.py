@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from asyncrl.config.base import ConfigError
 from asyncrl.envs import arithmetic, countdown, jsonl_dataset, math_answers, reverse_text
 from asyncrl.envs.base import Environment
 
@@ -19,8 +20,9 @@ BUILTIN: dict[str, Callable[..., Any]] = {
 }
 
 
-class EnvironmentLoadError(ValueError):
-    """The environment id or its arguments are wrong; the message says which."""
+class EnvironmentLoadError(ConfigError):
+    """The environment id or its arguments are wrong; the message says which (a config error:
+    `asyncrl` exits with code 2, and a launcher does not restart a role for it)."""
 
 
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:

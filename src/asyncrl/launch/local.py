@@ -5,25 +5,27 @@ Each role runs as `asyncrl infer|orch|train <its config>` (files written to
 `<output_dir>/logs/`. Inference starts first and must answer /health; then the trainer and the
 orchestrator. With `deployment: colocated` the trainer serves inference itself, so there is no
 `infer` process: trainer and orchestrator start together and the orchestrator waits for the
-trainer's server. The run ends when trainer and orchestrator have finished; if any role fails,
-or on Ctrl-C, every role is stopped and the failing role's log tail is shown.
+trainer's server. The run ends when trainer and orchestrator have finished. A role that dies or
+hangs is restarted from its last checkpoint (`restart`, see `supervisor.py`) while the others
+go on; past its restart budget, or on Ctrl-C, every role is stopped and the failing role's log
+tail is shown.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.live_view import LiveView
-from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
+from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
+from asyncrl.launch.supervisor import RoleSpec, SupervisedRole
 from asyncrl.log import get_logger
 from asyncrl.monitor.trackers import Reporter
-from asyncrl.processes import start, stop, tail, wait_healthy
+from asyncrl.processes import stop, wait_healthy
 
 logger = get_logger(__name__)
 
@@ -59,17 +61,40 @@ def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
             "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
 
 
+def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str, RoleSpec]:
+    """How each role starts, and restarts from its own last checkpoint."""
+    command = [sys.executable, "-m", "asyncrl.cli"]
+    threads = thread_budget(config.deployment == "colocated")
+    resume = {"infer": [], "orch": ["--ckpt.resume_step", "-1"], "train": ["--resume_step", "-1"]}
+    specs = {}
+    for role, path in paths.items():
+        first = [*command, role, str(path)]
+        specs[role] = RoleSpec(
+            role, first, [*first, *resume[role]], logs / f"{role}.log",
+            logs.parent / "heartbeats" / role, threads[role], finishes=role != "infer",
+            cannot_restart=why_not_restartable(role, config),
+        )  # fmt: skip
+    return specs
+
+
+def why_not_restartable(role: str, config: RLConfig) -> str | None:
+    """What in the config keeps a role from being restarted alone (None: it can be)."""
+    if role in ("orch", "train") and config.trainer.rollout_transport.type == "zmq":
+        return "batches in a zmq queue die with it; `rollout_transport: filesystem` keeps them"
+    if role in ("infer", "train") and config.trainer.weight_broadcast.type == "nccl":
+        return "the NCCL weight group is not rebuilt on a restart; use the filesystem broadcast"
+    return None
+
+
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
     logs = output / "logs"
     config = prepare_resume(config)
-    paths = write_role_configs(config, output / "configs")
-    command = [sys.executable, "-m", "asyncrl.cli"]
+    specs = role_specs(config, write_role_configs(config, output / "configs"), logs)
     colocated = config.deployment == "colocated"
-    threads = thread_budget(colocated)
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"
-    processes: dict[str, subprocess.Popen[bytes]] = {}
+    roles: dict[str, SupervisedRole] = {}
     # SIGTERM (a scheduler, `kill`) takes the same path as Ctrl-C: the `finally` below stops the
     # children gently; if the launcher is SIGKILLed the kernel still ends them (PDEATHSIG)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -78,61 +103,47 @@ def run_rl(config: RLConfig) -> None:
         # resumed, so the orchestrator starts with it and waits for the server (startup_timeout)
         first = ("train", "orch") if colocated else ("infer",)
         for role in first:
-            processes[role] = start([*command, role, str(paths[role])], logs / f"{role}.log",
-                                    threads[role])  # fmt: skip
+            roles[role] = SupervisedRole(specs[role], config.restart)
         host = config.inference.host
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.inference.port}"
-        wait_healthy(url, processes[server_role], timeout=600)
+        wait_healthy(url, roles[server_role].process, timeout=600)
         logger.info("rl: inference ready at %s%s", url, " (in the trainer)" if colocated else "")
         for role in ("train", "orch"):
-            if role not in processes:
-                processes[role] = start(
-                    [*command, role, str(paths[role])], logs / f"{role}.log", threads[role]
-                )
-        supervise(processes, logs, config)
+            if role not in roles:
+                roles[role] = SupervisedRole(specs[role], config.restart)
+        supervise(roles, config)
     except KeyboardInterrupt:
         logger.warning("rl: interrupted; stopping every role")
         raise
     finally:
-        for process in processes.values():
-            stop(process)
+        for role in roles.values():
+            stop(role.process)
 
 
-def supervise(processes: dict[str, subprocess.Popen[bytes]], logs: Path, config: RLConfig) -> None:
-    """Until trainer and orchestrator finish; any failure stops everything. Meanwhile the live
-    view and the trackers (`report_to`) follow the run directory."""
+def supervise(roles: dict[str, SupervisedRole], config: RLConfig) -> None:
+    """Until trainer and orchestrator finish, restarting a role that dies or hangs (a role past
+    its restart budget stops everything). Meanwhile the live view and the trackers
+    (`report_to`) follow the run directory."""
     run_dir = Path(config.orchestrator.output_dir)
     view = LiveView(run_dir / "metrics.jsonl", config.max_steps)
     reporter = reporter_for(config)
     try:
         with view:
-            follow(processes, logs, view, reporter)
+            follow(roles, view, reporter)
     finally:
         if reporter is not None:
             reporter.close()
 
 
-def follow(
-    processes: dict[str, subprocess.Popen[bytes]],
-    logs: Path,
-    view: LiveView,
-    reporter: Reporter | None,
-) -> None:
-    """Poll the roles twice a second until trainer and orchestrator exit 0; raise on a failure."""
+def follow(roles: dict[str, SupervisedRole], view: LiveView, reporter: Reporter | None) -> None:
+    """Check the roles twice a second until trainer and orchestrator have finished."""
     while True:
-        for role, process in processes.items():
-            code = process.poll()
-            if code not in (None, 0):
-                raise RoleFailed(
-                    f"`asyncrl {role}` exited with code {code}; end of "
-                    f"{logs / f'{role}.log'}:\n{tail(logs / f'{role}.log')}"
-                )
-            if role == "infer" and code == 0:
-                raise RoleFailed("the inference server stopped before training ended")
+        for role in roles.values():
+            role.check()
         view.refresh()
         if reporter is not None:
             reporter.refresh()
-        if all(processes[role].poll() == 0 for role in ("train", "orch")):
+        if roles["train"].finished and roles["orch"].finished:
             logger.info("rl: trainer and orchestrator finished")
             return
         time.sleep(0.5)

@@ -1,5 +1,6 @@
-"""Kill the trainer with SIGKILL mid-run, restart `asyncrl rl` with `ckpt.resume_step -1`:
-the run completes with every step id exactly once and nothing half-written left behind."""
+"""Kill the trainer with SIGKILL mid-run with automatic restarts off, restart `asyncrl rl` by
+hand with `ckpt.resume_step -1`: the run completes with every step id exactly once and nothing
+half-written left behind."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ STEPS = 8
 
 def rl(config: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", str(STEPS),
-            *extra]  # fmt: skip
+            "--restart.max_restarts", "0", *extra]  # fmt: skip
 
 
 def test_sigkilled_trainer_resumes_with_every_step_exactly_once(

@@ -152,3 +152,16 @@ def test_colocated_is_on_policy_unless_told_otherwise() -> None:
 def test_colocated_refuses_what_it_cannot_do(overrides: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         rl("--model", "m", "--deployment", "colocated", *overrides)
+
+
+def test_with_restarts_on_a_restarted_role_has_checkpoints_to_resume_from() -> None:
+    config = rl("--model", "m")
+    assert config.restart.max_restarts == 3
+    assert config.orchestrator.ckpt.interval == 1 and config.trainer.save_steps == 25
+    assert config.orchestrator.ckpt.keep_last == config.trainer.keep_last == 2
+
+
+def test_checkpoint_intervals_the_user_set_or_restarts_off_are_left_alone() -> None:
+    assert rl("--model", "m", "--orchestrator.ckpt.interval", "5").trainer.save_steps == 5
+    config = rl("--model", "m", "--restart.max_restarts", "0")
+    assert config.orchestrator.ckpt.interval is None and config.trainer.save_steps is None
