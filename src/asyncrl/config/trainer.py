@@ -147,6 +147,12 @@ class TrainerConfig(TrainingConfig):
     )
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss.")
     num_iterations: int = Field(1, ge=1, description="Optimizer updates per batch.")
+    shared_prefix: bool = Field(
+        False,
+        description="Pack the samples of a group as their prompt once, then every completion "
+        "(each seeing the prompt and itself): the prompt's activations are computed once per "
+        "group instead of once per sample, with the same logprobs and gradients.",
+    )
     resume_step: int | None = Field(
         None, ge=-1, description="Checkpoint step to resume from (-1 = latest complete)."
     )

@@ -93,11 +93,18 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
         raise ValueError("a row starts with a loss token, which nothing predicts")
     decoder, head = _decoder_and_head(model)
     hidden = decoder(
-        input_ids=batch.input_ids, position_ids=batch.position_ids, use_cache=False
-    ).last_hidden_state  # [rows, seq_len, hidden]
-    targets_mask = batch.loss_mask[:, 1:]  # position t predicts token t + 1
-    hidden = hidden[:, :-1][targets_mask]  # [T, hidden]
-    targets = batch.input_ids[:, 1:][targets_mask]  # [T]
+        input_ids=batch.input_ids, position_ids=batch.position_ids,
+        attention_mask=batch.attention_mask, use_cache=False,
+    ).last_hidden_state  # [rows, seq_len, hidden]  # fmt: skip
+    if batch.predictor is None:
+        targets_mask = batch.loss_mask[:, 1:]  # position t predicts token t + 1
+        hidden = hidden[:, :-1][targets_mask]  # [T, hidden]
+        targets = batch.input_ids[:, 1:][targets_mask]  # [T]
+    else:  # shared prefix: a completion's first token is predicted by the prompt's last
+        rows, positions = batch.loss_mask.nonzero(as_tuple=True)  # row-major, as above
+        hidden = hidden[rows, batch.predictor[rows, positions]]
+        targets = batch.input_ids[rows, positions]
+        targets_mask = batch.loss_mask[:, 1:]
     if isinstance(temperature, torch.Tensor):
         temperatures = temperature[:, 1:][targets_mask].float()
     else:

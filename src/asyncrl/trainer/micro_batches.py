@@ -20,6 +20,7 @@ from asyncrl.trainer.packing import (
     collate_rows,
     first_fit_decreasing,
 )
+from asyncrl.trainer.shared_prefix import collate_shared_rows, prompt_units, unit_length
 from asyncrl.types import TrainingBatch, TrainingSample
 
 
@@ -59,12 +60,14 @@ def build_micro_batches(
     only: list[int] | None = None,
     min_micro_batches: int = 1,
     length_budget: int | None = None,
+    shared_prefix: bool = False,
 ) -> list[MicroBatch]:
     """Micro-batches of the samples `only` names (this rank's share; all when None), each
     token weighted by totals over the *whole* batch, so that the ranks' losses add up to the
     loss one process would compute on the whole batch. The rows are spread over at least
     `min_micro_batches` passes (gradient accumulation), fewer rows per pass if need be.
-    `length_budget`: dr_grpo's L (see `loss.py`); None = the longest completion of the batch."""
+    `length_budget`: dr_grpo's L (see `loss.py`); None = the longest completion of the batch.
+    `shared_prefix`: samples with the same prompt share it in their row (`shared_prefix.py`)."""
     samples = [_as_sample(s) for s in batch.samples]
     lengths = [len(s.input_ids) for s in samples]
     too_long = [i for i, n in enumerate(lengths) if n > sequence_len]
@@ -77,60 +80,78 @@ def build_micro_batches(
     trained = [n for n in loss_counts if n > 0]
     totals = (sum(trained), len(trained), length_budget or max(trained, default=1))
     chosen = list(range(len(samples))) if only is None else list(only)
+    prompt_lengths = [len(s.prompt_ids) for s in batch.samples]
+    if shared_prefix:  # rows of units: a prompt once, then its completions
+        units = prompt_units([s.prompt_ids for s in batch.samples], lengths, chosen, sequence_len)
+        costs = [unit_length(unit, prompt_lengths[unit[0]], lengths) for unit in units]
+    else:  # rows of units of one sample each
+        units, costs = [[index] for index in chosen], [lengths[index] for index in chosen]
     if packing:
-        packed = first_fit_decreasing([lengths[i] for i in chosen], sequence_len)
-        rows = [[chosen[position] for position in row] for row in packed]
-    else:  # one sample per row, padded to sequence_len
-        rows = [[index] for index in chosen]
+        rows = [[units[i] for i in row] for row in first_fit_decreasing(costs, sequence_len)]
+    else:  # one unit per row, padded to sequence_len
+        rows = [[unit] for unit in units]
     size = min(rows_per_micro_batch, max(1, math.ceil(len(rows) / min_micro_batches)))
-    micro_batches = []
-    for start in range(0, len(rows), size):
-        group = rows[start : start + size]
-        micro_batches.append(
-            _micro_batch(
-                group,
-                samples,
-                batch,
-                loss_counts,
-                totals,
-                sequence_len,
-                pad_token_id,
-                normalisation,
+    layout = Layout(samples, prompt_lengths, sequence_len, pad_token_id, shared_prefix)
+    return [
+        _micro_batch(rows[start : start + size], layout, batch, loss_counts, totals, normalisation)
+        for start in range(0, len(rows), size)
+    ]
+
+
+@dataclass(frozen=True)
+class Layout:
+    samples: list[Sample]
+    prompt_lengths: list[int]
+    sequence_len: int
+    pad_token_id: int
+    shared_prefix: bool
+
+    def collate(
+        self, rows: list[list[list[int]]]
+    ) -> tuple[PackedBatch, dict[int, tuple[int, int, int]]]:
+        """The packed rows and each member's own tokens `(row, start, end)`: the whole sample,
+        or with a shared prefix its completion (the prompt belongs to the unit)."""
+        if self.shared_prefix:
+            return collate_shared_rows(
+                rows, self.samples, self.prompt_lengths, self.sequence_len, self.pad_token_id
             )
-        )
-    return micro_batches
+        flat = [[member for unit in row for member in unit] for row in rows]
+        packed = collate_rows(flat, self.samples, self.sequence_len, self.pad_token_id)
+        spans = {}
+        for row, members in enumerate(flat):
+            offset = 0
+            for member in members:
+                end = offset + len(self.samples[member].input_ids)
+                spans[member] = (row, offset, end)
+                offset = end
+        return packed, spans
 
 
 def _micro_batch(
-    rows: list[list[int]],
-    samples: list[Sample],
+    rows: list[list[list[int]]],
+    layout: Layout,
     batch: TrainingBatch,
     loss_counts: list[int],
     totals: tuple[int, int, int],
-    sequence_len: int,
-    pad_token_id: int,
     normalisation: str,
 ) -> MicroBatch:
-    packed = collate_rows(rows, samples, sequence_len, pad_token_id)
+    packed, spans = layout.collate(rows)
     temperature = torch.ones(packed.input_ids.shape)
     logprobs, advantages, versions, sequence_ids, members = [], [], [], [], []
-    for row, row_members in enumerate(rows):
-        offset = 0
-        for member in row_members:
-            sample = batch.samples[member]
-            size = len(samples[member].input_ids)
-            temperature[row, offset : offset + size] = sample.temperature
-            offset += size
-            if loss_counts[member] == 0:
-                continue
-            local_id = len(members)
-            members.append(member)
-            for index, keep in enumerate(sample.completion_mask):
-                if keep:
-                    logprobs.append(sample.inference_logprobs[index])
-                    advantages.append(sample.advantages[index])
-                    versions.append(sample.policy_versions[index])
-                    sequence_ids.append(local_id)
+    for member in (member for row in rows for unit in row for member in unit):  # row-major
+        sample = batch.samples[member]
+        row, start, end = spans[member]
+        temperature[row, start:end] = sample.temperature
+        if loss_counts[member] == 0:
+            continue
+        local_id = len(members)
+        members.append(member)
+        for index, keep in enumerate(sample.completion_mask):
+            if keep:
+                logprobs.append(sample.inference_logprobs[index])
+                advantages.append(sample.advantages[index])
+                versions.append(sample.policy_versions[index])
+                sequence_ids.append(local_id)
     ids = torch.tensor(sequence_ids, dtype=torch.long)
     per_sequence = sequence_weights(
         normalisation, torch.tensor([loss_counts[m] for m in members]), *totals

@@ -16,16 +16,25 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from asyncrl.config.training import TrainingConfig
+from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.precision import PrecisionChoice, default_device, resolve_recipe
 
+logger = get_logger(__name__)
 
-def attention_implementation() -> str:
+
+def attention_implementation(dense_mask: bool = False) -> str:
     """flash-attention 2 on a GPU where it is installed (its varlen kernel reads sample
     boundaries from the restarting position ids), else SDPA with transformers' block-diagonal
-    mask. The GPU path is written for GPU machines and untested on this CPU-only project CI."""
+    mask. `dense_mask`: the rows carry a 4-D mask (shared prefixes), which only SDPA takes.
+    The GPU path is written for GPU machines and untested on this CPU-only project CI."""
     if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
+        if not dense_mask:
+            return "flash_attention_2"
+        logger.warning(
+            "trainer.shared_prefix: SDPA with a dense [rows, 1, L, L] mask instead of "
+            "flash-attention (O(L²) memory per row; a FlexAttention block mask is not built)"
+        )
     return "sdpa"
 
 
@@ -43,14 +52,15 @@ def resolve_training_precision(
     return config.model_copy(update={"recipe": choice.recipe}), choice
 
 
-def load_model(config: TrainingConfig) -> torch.nn.Module:
+def load_model(config: TrainingConfig, dense_mask: bool = False) -> torch.nn.Module:
+    """The model to train; `dense_mask` when its rows will carry a 4-D attention mask."""
     _check_resolved(config.recipe)
     base_dtype = torch.bfloat16 if config.lora and config.recipe == "bf16" else torch.float32
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         config.model,
         dtype=base_dtype,
         trust_remote_code=config.trust_remote_code,
-        attn_implementation=attention_implementation(),
+        attn_implementation=attention_implementation(dense_mask),
     )
     if torch.cuda.is_available():
         model = model.cuda()

@@ -35,13 +35,17 @@ class PackedBatch:
     position_ids: torch.Tensor  # [rows, seq_len] long, restarting at 0 per sample
     loss_mask: torch.Tensor  # [rows, seq_len] bool: token is a training target
     sample_index: torch.Tensor  # [rows, seq_len] long: index into the samples, -1 = padding
+    # shared-prefix layout (`shared_prefix.py`); None: one sample after another, as above
+    attention_mask: torch.Tensor | None = None  # [rows, 1, seq_len, seq_len] bool
+    predictor: torch.Tensor | None = None  # [rows, seq_len] long: whose hidden state predicts
 
     @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 
     def to(self, device: torch.device) -> PackedBatch:
-        return PackedBatch(*(tensor.to(device) for tensor in astuple_shallow(self)))
+        moved = (None if t is None else t.to(device) for t in astuple_shallow(self))
+        return PackedBatch(*moved)  # type: ignore[arg-type]
 
 
 def astuple_shallow(instance: object) -> tuple[torch.Tensor, ...]:

@@ -164,7 +164,7 @@ def build_policy(
 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
     """The policy in training mode and, when β·KL needs one, its frozen reference — each
     sharded across the ranks when there are several."""
-    model = load_model(config)
+    model = load_model(config, dense_mask=config.shared_prefix)
     model.train()
     reference = build_reference(model, config)
     model = shard_model(model, ranks, config.zero_level, config.recipe)
@@ -191,6 +191,7 @@ def this_ranks_micro_batches(
         only=only,
         min_micro_batches=config.gradient_accumulation_steps,
         length_budget=batch.max_tokens if config.loss.dr_grpo_length == "max_tokens" else None,
+        shared_prefix=config.shared_prefix,
     )
 
 

@@ -1,0 +1,141 @@
+"""Shared-prefix packing changes nothing but the work: per-token logprobs, entropies, every loss
+type and every gradient equal those of one-sample-at-a-time packing (float32, ≤ 1e-5), on a
+batch with groups of different prompt lengths, masked and truncated completions, a singleton,
+a group too long for one row (split over rows), and with LoRA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from asyncrl.config.trainer import LossConfig
+from asyncrl.trainer.logprobs import completion_logprobs
+from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
+from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
+from asyncrl.trainer.shared_prefix import prompt_units
+from asyncrl.types import TrainingBatch, TrainingSample
+
+SEQ_LEN = 40
+LOSS_TYPES = ["masked_is", "grpo_clip", "dapo", "dr_grpo", "gspo", "cispo"]
+
+
+def sample(prompt: list[int], completion: list[int], mask: list[bool] | None = None,
+           advantage: float = 1.0, temperature: float = 1.0) -> TrainingSample:  # fmt: skip
+    n = len(completion)
+    return TrainingSample(
+        prompt_ids=prompt, completion_ids=completion,
+        completion_mask=mask if mask is not None else [True] * n,
+        inference_logprobs=[-1.0 - i / 7 for i in range(n)], advantages=[advantage] * n,
+        policy_versions=[0] * n, temperature=temperature, env="e",
+    )  # fmt: skip
+
+
+def batch() -> TrainingBatch:
+    long_prompt = list(range(30, 42))  # 12 tokens: its group of 4 is 12 + 31 > SEQ_LEN
+    short_prompt = [50, 51, 52]
+    samples = [
+        sample(long_prompt, [60, 61, 62, 63, 64, 65, 66, 67, 68, 69], advantage=1.5),
+        sample(short_prompt, [70, 71, 72], advantage=-0.5, temperature=0.7),
+        sample(long_prompt, [61, 60, 62, 70, 71], [True, False, True, True, False]),
+        sample(short_prompt, [73, 74], advantage=0.5, temperature=0.7),
+        sample(long_prompt, [62, 63, 64, 65, 66, 67, 68, 69], advantage=-1.0),
+        sample([80, 81, 82, 83, 84], [90, 91, 92, 93], advantage=2.0),  # a singleton
+        sample(long_prompt, [66, 65, 64, 63, 62, 61, 60, 59], advantage=-1.0),  # truncated
+        sample(short_prompt, [75, 76, 77, 78, 79], [True, True, False, False, False]),
+    ]
+    return TrainingBatch(step=1, samples=samples, max_tokens=10)
+
+
+def model(tiny_model_dir: Path, lora: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    loaded = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="sdpa"
+    )
+    if not lora:
+        return loaded
+    adapted = get_peft_model(loaded, LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    for name, parameter in adapted.named_parameters():
+        if "lora_B" in name:  # non-zero, so the adapter changes the logprobs
+            torch.nn.init.normal_(parameter, std=0.02)
+    return adapted
+
+
+def micro_batches(shared: bool, normalisation: str = "token") -> list[MicroBatch]:
+    return build_micro_batches(batch(), SEQ_LEN, 2, 0, normalisation, shared_prefix=shared)
+
+
+def per_token(net: torch.nn.Module, mbs: list[MicroBatch]) -> dict[tuple[int, int], tuple]:
+    """(sample, completion position) -> (logprob, entropy), whatever the layout."""
+    found = {}
+    for mb in mbs:
+        result = completion_logprobs(net, mb.packed, mb.temperature)
+        loss_positions = mb.packed.loss_mask.nonzero(as_tuple=True)
+        owners = mb.packed.sample_index[loss_positions].tolist()
+        positions = mb.packed.position_ids[loss_positions].tolist()
+        for key, logprob, entropy in zip(
+            zip(owners, positions, strict=True), result.logprobs, result.entropy, strict=True
+        ):
+            found[key] = (logprob.item(), entropy.item())
+    return found
+
+
+def test_a_group_is_its_prompt_once_and_a_long_group_is_split() -> None:
+    samples = batch().samples
+    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
+    units = prompt_units([s.prompt_ids for s in samples], lengths, range(8), SEQ_LEN)
+    assert units == [[0, 2, 4], [6], [1, 3, 7], [5]]  # the long group did not fit one row
+
+    def laid_out(mbs: list[MicroBatch]) -> int:
+        return sum(int((mb.packed.sample_index >= 0).sum()) for mb in mbs)
+
+    completions = sum(len(s.completion_ids) for s in samples)
+    assert laid_out(micro_batches(False)) == sum(len(s.prompt_ids) for s in samples) + completions
+    assert laid_out(micro_batches(True)) == 12 + 12 + 3 + 5 + completions  # a prompt per unit
+
+
+def test_logprobs_and_entropies_equal_unshared_packing(tiny_model_dir: Path) -> None:
+    net = model(tiny_model_dir)
+    with torch.no_grad():
+        shared, plain = per_token(net, micro_batches(True)), per_token(net, micro_batches(False))
+    assert len(plain) == sum(sum(s.completion_mask) for s in batch().samples)
+    assert shared.keys() == plain.keys()
+    for key, (logprob, entropy) in plain.items():
+        assert shared[key][0] == pytest.approx(logprob, abs=1e-5)
+        assert shared[key][1] == pytest.approx(entropy, abs=1e-5)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_loss_and_gradient_equals_unshared_packing(
+    tiny_model_dir: Path, loss_type: str, lora: bool
+) -> None:
+    config = LossConfig(type=loss_type)
+
+    def loss_and_grads(shared: bool) -> tuple[float, dict[str, torch.Tensor]]:
+        net = model(tiny_model_dir, lora)
+        total = 0.0
+        for mb in micro_batches(shared, NORMALISATION[loss_type]):
+            current = completion_logprobs(net, mb.packed, mb.temperature)
+            output = compute_loss(
+                LossInputs(
+                    logprobs=current.logprobs, inference_logprobs=mb.inference_logprobs,
+                    advantages=mb.advantages, sequence_ids=mb.sequence_ids,
+                    token_weights=mb.token_weights,
+                ),
+                config,
+            )  # fmt: skip
+            output.loss.backward()
+            total += output.loss.item()
+        grads = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+        return total, grads
+
+    shared_loss, shared_grads = loss_and_grads(True)
+    plain_loss, plain_grads = loss_and_grads(False)
+    assert shared_loss == pytest.approx(plain_loss, abs=1e-5)
+    assert shared_grads.keys() == plain_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
