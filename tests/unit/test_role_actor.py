@@ -55,3 +55,17 @@ def test_ports_asked_together_are_distinct_and_bindable() -> None:
     for port in ports:
         with socket.socket() as sock:
             sock.bind(("", port))
+
+
+def test_a_restart_runs_the_first_command_plus_the_resume_arguments(tmp_path: Path) -> None:
+    actor = RoleActor("orch")
+    first = actor.start("orch", "not_a_key: 1\n", str(tmp_path / "orch.yaml"), {}, str(tmp_path))
+    while actor.status()[0] is None:
+        time.sleep(0.1)
+    assert actor.status() == (2, None)  # a config error; the role never got to beat
+    second = actor.restart(["--also_not_a_key", "3"])
+    assert second != first
+    while actor.poll() is None:
+        time.sleep(0.1)
+    log = actor.read_log(0)[0].decode()
+    assert log.count("not_a_key") >= 2 and "also_not_a_key" in log

@@ -22,7 +22,8 @@ NETWORKED = {"orchestrator": {"rollout_transport": {"type": "zmq"}},
 
 
 def test_shared_storage_is_needed_unless_batches_and_weights_go_over_the_network() -> None:
-    assert len(shared_storage_needs(rl_config())) == 2  # filesystem batches and weights
+    # filesystem batches and weights, and the checkpoints a restarted role resumes from
+    assert len(shared_storage_needs(rl_config())) == 3
     networked = rl_config(**NETWORKED)
     assert shared_storage_needs(networked) == []
     with_checkpoints = rl_config(

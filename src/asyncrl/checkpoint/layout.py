@@ -18,6 +18,7 @@ from asyncrl.monitor.metrics import forget_metrics_after
 from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
 from asyncrl.transport.batches import forget_batches_after
 from asyncrl.transport.broadcast import forget_broadcasts_after
+from asyncrl.transport.run_end import clear_finished
 
 COMPLETE = "COMPLETE"
 
@@ -72,8 +73,10 @@ def prune(run_dir: Path, role: str, keep_last: int | None, keep_interval: int | 
 
 def forget_after(run_dir: Path, step: int) -> None:
     """Before both roles resume from `step`: each owner removes what the crashed run produced
-    after it (batches and DONE, broadcasts, metrics records), and half-written checkpoints go."""
+    after it (batches and DONE, broadcasts, metrics records, FINISHED), and half-written
+    checkpoints go."""
     forget_batches_after(run_dir, step)
     forget_broadcasts_after(run_dir, step)
     forget_metrics_after(run_dir / "metrics.jsonl", step)
+    clear_finished(run_dir)
     remove_staging_leftovers(run_dir / "checkpoints")

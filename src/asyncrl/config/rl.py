@@ -137,10 +137,13 @@ def _checkpoints_for_restarts(data: dict[str, Any]) -> None:
     25 steps, each keeping the last two."""
     restart, orchestrator, trainer = data.get("restart"), data["orchestrator"], data["trainer"]
     max_restarts = restart.get("max_restarts", 3) if isinstance(restart, dict) else 3
-    if max_restarts == 0 or data.get("launcher") == "ray":  # Ray: restarts are not built yet
+    if max_restarts == 0:
         return
     if not isinstance(orchestrator, dict) or not isinstance(trainer, dict):
         return
+    transports = (orchestrator.get("rollout_transport"), trainer.get("rollout_transport"))
+    if any(isinstance(t, dict) and t.get("type") == "zmq" for t in transports):
+        return  # neither orchestrator nor trainer can be restarted: they need no checkpoint
     ckpt = orchestrator.setdefault("ckpt", {})
     if not isinstance(ckpt, dict) or ckpt.get("interval") is not None:
         return
@@ -265,7 +268,7 @@ class RLConfig(StrictModel):
         default_factory=RestartConfig,
         description="Restart a role that dies or hangs, from its last checkpoint (unset "
         "checkpoint intervals then default to every step for the orchestrator, every 25 for "
-        "the trainer). The local launcher only: under Ray a dead role still stops the run.",
+        "the trainer).",
     )
     report_to: ReportConfig | None = Field(
         None,

@@ -22,7 +22,12 @@ from pathlib import Path
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
-from asyncrl.launch.supervisor import RoleSpec, SupervisedRole
+from asyncrl.launch.supervisor import (
+    RESUME_ARGUMENTS,
+    RoleSpec,
+    SupervisedRole,
+    why_not_restartable,
+)
 from asyncrl.log import get_logger
 from asyncrl.monitor.trackers import Reporter
 from asyncrl.processes import stop, wait_healthy
@@ -65,25 +70,15 @@ def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str
     """How each role starts, and restarts from its own last checkpoint."""
     command = [sys.executable, "-m", "asyncrl.cli"]
     threads = thread_budget(config.deployment == "colocated")
-    resume = {"infer": [], "orch": ["--ckpt.resume_step", "-1"], "train": ["--resume_step", "-1"]}
     specs = {}
     for role, path in paths.items():
         first = [*command, role, str(path)]
         specs[role] = RoleSpec(
-            role, first, [*first, *resume[role]], logs / f"{role}.log",
+            role, first, [*first, *RESUME_ARGUMENTS[role]], logs / f"{role}.log",
             logs.parent / "heartbeats" / role, threads[role], finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
         )  # fmt: skip
     return specs
-
-
-def why_not_restartable(role: str, config: RLConfig) -> str | None:
-    """What in the config keeps a role from being restarted alone (None: it can be)."""
-    if role in ("orch", "train") and config.trainer.rollout_transport.type == "zmq":
-        return "batches in a zmq queue die with it; `rollout_transport: filesystem` keeps them"
-    if role in ("infer", "train") and config.trainer.weight_broadcast.type == "nccl":
-        return "the NCCL weight group is not rebuilt on a restart; use the filesystem broadcast"
-    return None
 
 
 def run_rl(config: RLConfig) -> None:

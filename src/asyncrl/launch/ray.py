@@ -6,11 +6,14 @@ role exactly as `asyncrl infer|orch|train` runs it. This process, the driver, wi
 together from the addresses the actors report (every server's URL to the orchestrator, rank 0's
 address to the other ranks), checks that they share the run directory where the config needs it,
 streams every role's log into `<output_dir>/logs/<label>.log`, shows the live view, and ends the
-run when trainer and orchestrator have finished. A failed role or a dead actor stops the run with
-its label and last log lines; whatever ends the run, every actor and the placement group are
-removed. Ray gives each actor `OMP_NUM_THREADS` equal to its bundle's CPUs, and its children
-inherit it. What crosses between driver and actors is Ray's own traffic (plain strings and
-numbers); the cluster must be one you trust, as for any Ray job.
+run when trainer and orchestrator have finished. A role whose process dies or hangs is restarted
+by its actor from its last checkpoint, as the local launcher does (`restart`; the trainer's ranks
+together, since their process group dies with any of them); a role past its restart budget, or a
+dead actor (a lost node), stops the run with its label and last log lines; whatever ends the
+run, every actor and the placement group are removed. Ray gives each actor `OMP_NUM_THREADS`
+equal to its bundle's CPUs, and its children inherit it. What crosses between driver and actors
+is Ray's own traffic (plain strings and numbers); the cluster must be one you trust, as for any
+Ray job.
 """
 
 from __future__ import annotations
@@ -44,6 +47,12 @@ from asyncrl.launch.placement import rank_order as order_ranks
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
 from asyncrl.launch.shared_storage import judge_shared_storage
+from asyncrl.launch.supervisor import (
+    RESUME_ARGUMENTS,
+    RestartBudget,
+    how_it_ended,
+    why_not_restartable,
+)
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
 
@@ -77,6 +86,11 @@ class Member:
             f"{ROLE_NAMES[self.role]} `{self.label}` (Ray actor {self.ray_name} on {where}, "
             f"pid {self.place.get('pid')})"
         )
+
+
+def unit_of(member: Member) -> str:
+    """What restarts together: a server or the orchestrator alone, the trainer's ranks as one."""
+    return "train" if member.role == "train" else member.label
 
 
 def run_rl_on_ray(config: RLConfig) -> None:
@@ -137,6 +151,8 @@ class RayRun:
         self.run_id = secrets.token_hex(3)
         self.placement_group: Any = None
         self.members: list[Member] = []
+        self.budgets: dict[str, RestartBudget] = {}
+        self.pending: dict[str, float] = {}  # unit -> when it restarts
         # on a cluster the servers listen on the network: they always require a key
         self.on_cluster = config.ray.address is not None
         self.api_key = os.environ.get(config.inference.api_key_var) or None
@@ -197,7 +213,18 @@ class RayRun:
         for member in self.members:
             member.place = places[member.label]
         self.assign_ranks()
+        self.make_budgets()
         self.write_roles()
+
+    def make_budgets(self) -> None:
+        """One restart budget per inference replica, for the orchestrator, and for the trainer
+        (its ranks restart together)."""
+        for member in self.members:
+            unit = unit_of(member)
+            what = "the trainer's ranks" if unit == "train" else member.describe()
+            self.budgets.setdefault(unit, RestartBudget(
+                what, self.config.restart, why_not_restartable(member.role, self.config)
+            ))  # fmt: skip
 
     def nodes(self) -> list[Node]:
         """The live nodes; what is free now is known per node only on a one-node cluster."""
@@ -302,7 +329,9 @@ class RayRun:
 
     # the run -----------------------------------------------------------------------------------
     def supervise(self) -> None:
-        """Until trainer and orchestrator finish; any failure stops everything."""
+        """Until trainer and orchestrator finish, restarting a role whose process dies or hangs
+        (`restart`; the trainer's ranks together); a role past its budget, or a dead actor,
+        stops everything."""
         finishing = [m for m in self.members if m.role != "infer"]
         view = LiveView(Path(self.config.orchestrator.output_dir) / "metrics.jsonl",
                         self.config.max_steps)  # fmt: skip
@@ -311,11 +340,11 @@ class RayRun:
             with view:
                 while True:
                     self.stream_logs()
-                    codes = self.check_exits()
+                    codes = self.check_roles()
                     view.refresh()
                     if reporter is not None:
                         reporter.refresh()
-                    if all(codes[m.label] == 0 for m in finishing):
+                    if not self.pending and all(codes[m.label] == 0 for m in finishing):
                         logger.info("rl: trainer and orchestrator finished")
                         return
                     time.sleep(0.5)
@@ -323,7 +352,46 @@ class RayRun:
             if reporter is not None:
                 reporter.close()
 
+    def check_roles(self) -> dict[str, int | None]:
+        """Each role's exit code; a role that died or hung is stopped with the rest of its
+        unit (every trainer rank: their process group is gone) and restarted after its backoff."""
+        now = time.monotonic()
+        for unit, restart_at in list(self.pending.items()):
+            if now >= restart_at:
+                del self.pending[unit]
+                self.restart(unit)
+        statuses = self.call_all(self.members, lambda m: m.actor.status.remote())
+        for member in self.members:
+            unit = unit_of(member)
+            code, silent = statuses[member.label]
+            budget = self.budgets[unit]
+            if unit in self.pending:
+                continue
+            if code is None and budget.hung(silent):
+                self.ray.get(member.actor.kill_role.remote(), timeout=CALL_TIMEOUT)
+                ending = f"hung (no heartbeat for {silent:.0f} s) and was killed"
+            elif code not in (None, 0) or (member.role == "infer" and code == 0):
+                ending = how_it_ended(code) if code else "stopped before training ended"
+            else:
+                continue
+            self.stream_logs()
+            self.pending[unit] = budget.after_failure(ending, self.log_path(member), now)
+            others = [m for m in self.members if unit_of(m) == unit and m is not member]
+            self.call_all(others, lambda m: m.actor.stop.remote())
+        return {label: code for label, (code, _) in statuses.items()}
+
+    def restart(self, unit: str) -> None:
+        """Start a unit's roles again, each resuming from its last checkpoint."""
+        for member in sorted(self.members, key=lambda m: m.rank or 0):
+            if unit_of(member) == unit:
+                extra = RESUME_ARGUMENTS[member.role]
+                member.place["role_pid"] = self.ray.get(
+                    member.actor.restart.remote(extra), timeout=CALL_TIMEOUT
+                )
+        self.write_roles()
+
     def check_exits(self) -> dict[str, int | None]:
+        """At start-up: any role that exits stops the run."""
         codes = self.call_all(self.members, lambda m: m.actor.poll.remote())
         for member in self.members:
             code = codes[member.label]

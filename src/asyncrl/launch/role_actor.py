@@ -9,6 +9,7 @@ method returns at once, so the driver can stream logs while a role is still star
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.fs import atomic_write_bytes
+from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
 from asyncrl.processes import answers_health, start, stop
 
 LOG_CHUNK = 1 << 20  # bytes of log handed to the driver per call
@@ -28,8 +30,11 @@ class RoleActor:
         self.label = label
         self.process: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
-        # the child's log stays on this node; the driver copies it into the run's logs/
-        self.log_path = Path(tempfile.mkdtemp(prefix=f"asyncrl-{label}-")) / "role.log"
+        self.command: list[str] = []
+        self.cwd = "."
+        # the child's log and heartbeat stay on this node; the driver copies the log into logs/
+        scratch = Path(tempfile.mkdtemp(prefix=f"asyncrl-{label}-"))
+        self.log_path, self.heartbeat = scratch / "role.log", scratch / "heartbeat"
 
     def place(self) -> dict[str, Any]:
         """This actor's node address, the devices Ray gave it, and its process id."""
@@ -81,10 +86,34 @@ class RoleActor:
         path = Path(cwd, config_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, config_yaml.encode())
-        command = [sys.executable, "-m", "asyncrl.cli", role, str(path)]
-        self.env = env
-        self.process = start(command, self.log_path, env, cwd=cwd)
+        self.command, self.env, self.cwd = (
+            [sys.executable, "-m", "asyncrl.cli", role, str(path)],
+            env,
+            cwd,
+        )
+        return self._run(self.command)
+
+    def restart(self, extra: list[str]) -> int:
+        """Start the role again, as first started plus `extra` arguments (resume from its last
+        checkpoint); the previous child must have ended. Returns the new child's pid."""
+        return self._run([*self.command, *extra])
+
+    def _run(self, command: list[str]) -> int:
+        self.heartbeat.unlink(missing_ok=True)  # a new child beats afresh
+        env = {**self.env, HEARTBEAT_ENV: str(self.heartbeat)}
+        self.process = start(command, self.log_path, env, cwd=self.cwd)
         return self.process.pid
+
+    def status(self) -> tuple[int | None, float | None]:
+        """The child's exit code (None while it runs) and seconds since its last heartbeat
+        (None before the first)."""
+        return self.poll(), silent_for(self.heartbeat)
+
+    def kill_role(self) -> None:
+        """SIGKILL the child's whole group: a hung role (a stopped process too)."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def healthy(self, url: str) -> bool:
         return answers_health(url)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.config.restart import RestartConfig
+from asyncrl.config.rl import RLConfig
 from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
 from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
@@ -40,30 +41,82 @@ class RoleSpec:
     cannot_restart: str | None = None  # why this role cannot be restarted in this config
 
 
+# what a restarted role is given on top of its first command: resume from its last checkpoint
+RESUME_ARGUMENTS = {
+    "infer": [],
+    "orch": ["--ckpt.resume_step", "-1"],
+    "train": ["--resume_step", "-1"],
+}
+
+
+def why_not_restartable(role: str, config: RLConfig) -> str | None:
+    """What in the config keeps a role from being restarted alone (None: it can be)."""
+    if role in ("orch", "train") and config.trainer.rollout_transport.type == "zmq":
+        return "batches in a zmq queue die with it; `rollout_transport: filesystem` keeps them"
+    if role in ("infer", "train") and config.trainer.weight_broadcast.type == "nccl":
+        return "the NCCL weight group is not rebuilt on a restart; use the filesystem broadcast"
+    return None
+
+
 def how_it_ended(code: int) -> str:
     if code < 0:
         return f"exited with code {code} ({signal.Signals(-code).name})"
     return f"exited with code {code}"
 
 
+class RestartBudget:
+    """How many restarts a role has left and when the next may start; launchers share it (the
+    local one per process, the Ray one per role, all trainer ranks counting as one)."""
+
+    def __init__(self, what: str, policy: RestartConfig, cannot_restart: str | None = None):
+        self.what, self.policy, self.cannot_restart = what, policy, cannot_restart
+        self.restarts = 0
+
+    def after_failure(self, ending: str, log: Path, now: float) -> float:
+        """When to restart the role that ended so (`how_it_ended`, or a hang); logs the restart.
+        Raises `RoleFailed` with the end of its log when it may not be restarted."""
+        what = f"{self.what} {ending}"
+        if self.cannot_restart is not None and self.policy.max_restarts > 0:
+            what += f" and cannot be restarted ({self.cannot_restart})"
+        elif ending == how_it_ended(CONFIG_ERROR) and self.policy.max_restarts > 0:
+            what += " (a configuration error: a restart would meet it again)"
+        elif self.restarts >= self.policy.max_restarts:
+            if self.policy.max_restarts > 0:
+                what += f" after {self.restarts} restart(s), the budget of restart.max_restarts"
+        else:
+            delay = self.policy.backoff * 2**self.restarts
+            self.restarts += 1
+            logger.warning(
+                "rl: %s; restart %d of %d in %.0f s, from its last checkpoint. End of %s:\n%s",
+                what, self.restarts, self.policy.max_restarts, delay, log, tail(log, 10),
+            )  # fmt: skip
+            return now + delay
+        raise RoleFailed(f"{what}; end of {log}:\n{tail(log)}")
+
+    def hung(self, silent: float | None) -> bool:
+        """A live role whose heartbeat has been silent too long (None: no beat yet)."""
+        timeout = self.policy.hang_timeout
+        return timeout is not None and silent is not None and silent > timeout
+
+
 class SupervisedRole:
     """One role's process and its restart bookkeeping; `check()` it a few times a second."""
 
     def __init__(self, spec: RoleSpec, policy: RestartConfig) -> None:
-        self.spec, self.policy = spec, policy
-        self.restarts = 0
+        self.spec = spec
+        self.budget = RestartBudget(f"`asyncrl {spec.name}`", policy, spec.cannot_restart)
         self.restart_at: float | None = None
         self.finished = False
         self.process = self._start(spec.command)
+
+    @property
+    def restarts(self) -> int:
+        return self.budget.restarts
 
     def _start(self, command: list[str]) -> subprocess.Popen[bytes]:
         self.spec.heartbeat.unlink(missing_ok=True)  # a new process beats afresh
         env = {**self.spec.env, HEARTBEAT_ENV: str(self.spec.heartbeat)}
         return start(command, self.spec.log, env)
-
-    @property
-    def running(self) -> bool:
-        return self.process.poll() is None
 
     def check(self, now: float | None = None) -> None:
         """Restart a role that died or hung (after its backoff); raise `RoleFailed` when it may
@@ -79,36 +132,14 @@ class SupervisedRole:
         code = self.process.poll()
         if code is None:
             silent = silent_for(self.spec.heartbeat)
-            timeout = self.policy.hang_timeout
-            if timeout is None or silent is None or silent <= timeout:
+            if not self.budget.hung(silent):
                 return
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-            self._died(f"hung (no heartbeat for {silent:.0f} s) and was killed", now)
-            return
-        if code == 0 and self.spec.finishes:
+            ending = f"hung (no heartbeat for {silent:.0f} s) and was killed"
+        elif code == 0 and self.spec.finishes:
             self.finished = True
             return
-        ending = how_it_ended(code) if code else "stopped before training ended"
-        self._died(ending, now)
-
-    def _died(self, ending: str, now: float) -> None:
-        name, log = self.spec.name, self.spec.log
-        what = f"`asyncrl {name}` {ending}"
-        if self.spec.cannot_restart is not None and self.policy.max_restarts > 0:
-            what += f" and cannot be restarted ({self.spec.cannot_restart})"
-        elif ending == how_it_ended(CONFIG_ERROR) and self.policy.max_restarts > 0:
-            what += " (a configuration error: a restart would meet it again)"
-        elif self.restarts >= self.policy.max_restarts:
-            if self.policy.max_restarts > 0:
-                what += f" after {self.restarts} restart(s), the budget of restart.max_restarts"
         else:
-            delay = self.policy.backoff * 2**self.restarts
-            self.restarts += 1
-            self.restart_at = now + delay
-            logger.warning(
-                "rl: %s; restart %d of %d in %.0f s, from its last checkpoint. End of %s:\n%s",
-                what, self.restarts, self.policy.max_restarts, delay, log, tail(log, 10),
-            )  # fmt: skip
-            return
-        raise RoleFailed(f"{what}; end of {log}:\n{tail(log)}")
+            ending = how_it_ended(code) if code else "stopped before training ended"
+        self.restart_at = self.budget.after_failure(ending, self.spec.log, now)

@@ -58,7 +58,7 @@ from asyncrl.transport.broadcast import (
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
-from asyncrl.transport.run_end import finished_since
+from asyncrl.transport.run_end import run_finished
 from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
@@ -94,7 +94,6 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     republish_on_resume(config, run_dir, step - 1, model, ranks)
-    started_at = time.time()
     colocated = None
     if config.colocated_inference is not None:  # it sleeps while a step trains
         colocated = ColocatedInference(config.colocated_inference, model, version=step - 1)
@@ -148,14 +147,14 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
             )  # fmt: skip
             step += 1
         if colocated is not None:
-            serve_until_finished(run_dir, since=started_at)
+            serve_until_finished(run_dir)
 
 
-def serve_until_finished(run_dir: Path, since: float) -> None:
+def serve_until_finished(run_dir: Path) -> None:
     """A colocated trainer's server outlives training: the orchestrator still loads the final
     weights and may evaluate them. It is done when it marks the run finished."""
     logger.info("trainer: training done; serving until the orchestrator finishes")
-    while not finished_since(run_dir, since):
+    while not run_finished(run_dir):
         time.sleep(0.2)
 
 

@@ -24,9 +24,9 @@ def clear_finished(run_dir: Path) -> None:
     (run_dir / FINISHED).unlink(missing_ok=True)
 
 
-def finished_since(run_dir: Path, since: float) -> bool:
-    """Whether the orchestrator finished after `since` (a time.time())."""
-    try:
-        return float(json.loads((run_dir / FINISHED).read_text())["time"]) >= since
-    except (OSError, ValueError, KeyError, TypeError):
-        return False  # absent, or from a run this one does not know
+def run_finished(run_dir: Path) -> bool:
+    """Whether the orchestrator has finished the run. A marker from an earlier run in the same
+    directory never misleads: the orchestrator clears it when it starts (before any batch the
+    trainer could finish on), and a resume clears it before any role starts. A trainer
+    restarted after the orchestrator finished sees it and stops at once."""
+    return (run_dir / FINISHED).exists()

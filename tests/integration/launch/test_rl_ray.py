@@ -18,6 +18,7 @@ import yaml
 
 from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
+from asyncrl.monitor.run_audit import audit_run
 from asyncrl.transport.batches import read_batch
 
 from .test_rl_launcher import survivors
@@ -220,4 +221,32 @@ def test_ctrl_c_leaves_no_actor_placement_group_or_process(
     assert not {r["ray_name"] for r in roles} & set(state["actors"])  # type: ignore[arg-type]
     group = "-".join(roles[0]["ray_name"].split("-")[:2])
     assert state["groups"] == {**state["groups"], group: "REMOVED"}  # type: ignore[dict-item]
+    assert not survivors(str(output))
+
+
+def test_a_killed_trainer_rank_restarts_every_rank_from_the_checkpoint(
+    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Rank 1's process (not its actor) dies: both ranks restart together from the last
+    checkpoint (written by two ranks, resharded on load) and every step lands exactly once."""
+    output = tmp_path / "restarted"
+    config = ray_config(tiny_model_dir, output)
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--ray.address",
+               ray_cluster, "--orchestrator.ckpt.interval", "2",
+               "--restart.backoff", "0.5"]  # fmt: skip
+    launcher = start_until_first_step(command, output)
+    metrics = output / "run_default" / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while max((r["step"] for r in read_metrics(metrics, role="trainer")), default=0) < 3:
+        assert time.monotonic() < deadline and launcher.poll() is None
+        time.sleep(0.2)
+    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
+    os.kill(roles["train-1"]["role_pid"], signal.SIGKILL)
+    _, stderr = launcher.communicate(timeout=600)
+    message = stderr.decode()
+    assert launcher.returncode == 0, message[-3000:]
+    assert "the trainer's ranks exited with code -9 (SIGKILL); restart 1 of 3" in message
+    audit = audit_run(output / "run_default", STEPS, ASYNC_LEVEL, 2)
+    assert not audit.problems, audit.problems
+    assert "resumed from the checkpoint of step" in (output / "logs" / "train-0.log").read_text()
     assert not survivors(str(output))

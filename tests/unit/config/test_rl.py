@@ -165,3 +165,9 @@ def test_checkpoint_intervals_the_user_set_or_restarts_off_are_left_alone() -> N
     assert rl("--model", "m", "--orchestrator.ckpt.interval", "5").trainer.save_steps == 5
     config = rl("--model", "m", "--restart.max_restarts", "0")
     assert config.orchestrator.ckpt.interval is None and config.trainer.save_steps is None
+
+
+def test_roles_that_cannot_restart_get_no_default_checkpoints() -> None:
+    """With zmq batches neither orchestrator nor trainer can restart alone."""
+    config = rl("--model", "m", "--orchestrator.rollout_transport.type", "zmq")
+    assert config.orchestrator.ckpt.interval is None and config.trainer.save_steps is None
