@@ -12,11 +12,13 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
-from asyncrl.config.trainer import LossConfig
+from asyncrl.config.trainer import LossConfig, TrainerConfig
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
+from asyncrl.trainer.parallel import SINGLE_PROCESS
 from asyncrl.trainer.shared_prefix import prompt_units
+from asyncrl.trainer.train import this_ranks_micro_batches
 from asyncrl.types import TrainingBatch, TrainingSample
 
 SEQ_LEN = 40
@@ -139,3 +141,13 @@ def test_every_loss_and_gradient_equals_unshared_packing(
     assert shared_grads.keys() == plain_grads.keys() and plain_grads
     for name, grad in plain_grads.items():
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_the_trainer_packs_shared_prefixes_when_configured(tiny_model_dir: Path) -> None:
+    def packed(shared: bool) -> list[MicroBatch]:
+        config = TrainerConfig(model=str(tiny_model_dir), sequence_len=SEQ_LEN,
+                               shared_prefix=shared)  # fmt: skip
+        return this_ranks_micro_batches(batch(), config, SINGLE_PROCESS, 0)
+
+    assert all(mb.packed.attention_mask is not None for mb in packed(True))
+    assert all(mb.packed.attention_mask is None for mb in packed(False))
