@@ -41,6 +41,7 @@ from asyncrl.launch.inference_process import free_port
 from asyncrl.models.init_model import init_model
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
+from machine import cpu_name  # benchmarks/machine.py, beside this file
 
 STEPS = 8
 ASYNC_LEVEL = 1
@@ -66,18 +67,6 @@ class Trial:
     corrupt_files: int = 0
     orphans: int = 0
     problems: list[str] = field(default_factory=list)
-
-
-def cpu_name() -> str:
-    """lscpu's model name, family and model, and which vector units it has."""
-    fields = {}
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = set(fields.get("Flags", "").split())
-    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
-    return (f"{fields.get('Model name', 'unknown')} (family {fields.get('CPU family', '?')} "
-            f"model {fields.get('Model', '?')}; {' '.join(vector)})")  # fmt: skip
 
 
 def write_config(model: Path, output: Path, colocated: bool) -> Path:

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -39,23 +38,13 @@ from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
 from asyncrl.trainer.train import train_step
 from asyncrl.types import TrainingBatch, TrainingSample
+from machine import cpu_name  # benchmarks/machine.py, beside this file
 
 SHAPES = {  # prompts, group size, prompt tokens, completion tokens (low, high), seq_len
     "quick_start": (4, 8, 34, (8, 24), 256),
     "long_prompt": (2, 8, 512, (64, 64), 1024),
 }
 ROWS_PER_MICRO_BATCH = 8
-
-
-def cpu_name() -> str:
-    fields = {}
-    for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-        key, _, value = line.partition(":")
-        fields[key.strip()] = value.strip()
-    flags = set(fields.get("Flags", "").split())
-    vector = [flag for flag in ("avx2", "avx512f", "avx512_bf16", "amx_bf16") if flag in flags]
-    return (f"{fields.get('Model name', 'unknown')} (family {fields.get('CPU family', '?')} "
-            f"model {fields.get('Model', '?')}; {' '.join(vector)})")  # fmt: skip
 
 
 def synthetic_batch(shape: str, vocab: int, rng: random.Random) -> TrainingBatch:
