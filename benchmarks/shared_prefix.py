@@ -10,11 +10,11 @@ two batch shapes, alternating the two layouts so that machine noise hits both al
 
 For each it reports the median step time of each layout and their ratio, the tokens the model
 ran over, and the achieved FLOP/s (6 × parameters × tokens, attention left out) against this
-machine's measured float32 matmul peak. Prints one JSON line:
+machine's measured float32 matmul peak; and the embedded engine's generated tokens per second
+for the same groups (n completions per request, all submitted at once), with each request's
+prompt prefilled once or n times. Prints one JSON line:
 
     python benchmarks/shared_prefix.py [--repeats 5]
-
-The engine side of the issue (prefilling a group's prompt once) is not measured here.
 """
 
 from __future__ import annotations
@@ -29,10 +29,12 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.inference.engine import Engine
+from asyncrl.inference.sampling import SamplingParams
 from asyncrl.models.init_model import init_model
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
@@ -75,6 +77,25 @@ def matmul_peak(size: int = 1024, repeats: int = 10) -> float:
     return 2 * size**3 / best
 
 
+def engine_tokens_per_second(
+    model: torch.nn.Module, tokenizer: object, shape: str, share: bool, rng: random.Random
+) -> float:
+    """Generated tokens per second for the shape's groups, submitted at once (n per request)."""
+    prompts, group, prompt_tokens, (_, high), seq_len = SHAPES[shape]
+    engine = Engine(model, tokenizer, max_num_seqs=prompts * group, max_model_len=seq_len,
+                    share_prompts=share)  # fmt: skip
+    try:
+        params = SamplingParams(max_tokens=high, temperature=1.0, seed=0, ignore_eos=True)
+        vocab = model.config.vocab_size
+        batch = [[rng.randrange(4, vocab) for _ in range(prompt_tokens)] for _ in range(prompts)]
+        started = time.perf_counter()
+        requests = [engine.submit(prompt, params, n=group) for prompt in batch]
+        outputs = [c for r in requests for c in r.done.result(timeout=3600)]
+        return sum(len(c.token_ids) for c in outputs) / (time.perf_counter() - started)
+    finally:
+        engine.shutdown()
+
+
 def laid_out_tokens(micro_batches: list[MicroBatch]) -> int:
     return sum(int((mb.packed.sample_index >= 0).sum()) for mb in micro_batches)
 
@@ -88,6 +109,7 @@ def main() -> None:
         path = init_model(InitModelConfig(preset="small", output_dir=str(Path(temp) / "m")))
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
                                                      attn_implementation="sdpa")  # fmt: skip
+        tokenizer = AutoTokenizer.from_pretrained(path)
     model.train()
     config = TrainerConfig(model=str(path), lora=False, optimizer="adamw", recipe="fp32",
                            learning_rate=1e-6, loss={"type": "grpo_clip"})  # fmt: skip
@@ -114,6 +136,15 @@ def main() -> None:
                 if repeat:
                     times[shared].append(time.perf_counter() - started)
         plain, shared = statistics.median(times[False]), statistics.median(times[True])
+        model.eval()
+        generation: dict[bool, list[float]] = {False: [], True: []}
+        for repeat in range(args.repeats):
+            for share in (False, True) if repeat % 2 else (True, False):
+                generation[share].append(
+                    engine_tokens_per_second(model, tokenizer, shape, share, random.Random(repeat))
+                )
+        model.train()
+        engine_plain, engine_shared = (statistics.median(generation[k]) for k in (False, True))
         tokens = {key: laid_out_tokens(value) for key, value in layouts.items()}
         results[shape] = {
             "step_s_unshared": round(plain, 3), "step_s_shared": round(shared, 3),
@@ -121,6 +152,9 @@ def main() -> None:
             "tokens_unshared": tokens[False], "tokens_shared": tokens[True],
             "gflops_unshared": round(6 * parameters * tokens[False] / plain / 1e9, 2),
             "gflops_shared": round(6 * parameters * tokens[True] / shared / 1e9, 2),
+            "engine_tokens_per_s_unshared": round(engine_plain, 1),
+            "engine_tokens_per_s_shared": round(engine_shared, 1),
+            "engine_speedup": round(engine_shared / engine_plain, 2),
         }  # fmt: skip
     print(json.dumps({
         "benchmark": "shared_prefix", "cpu": cpu_name(), "cores": os.cpu_count(),

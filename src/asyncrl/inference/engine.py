@@ -88,8 +88,12 @@ class Engine:
         max_num_seqs: int,
         max_model_len: int,
         max_num_batched_tokens: int = 8192,
+        share_prompts: bool = True,
     ) -> None:
+        """`share_prompts`: a request's n sequences prefill its prompt once (off: n times, for
+        comparison)."""
         self.model = model.eval()
+        self.share_prompts = share_prompts
         self.tokenizer = tokenizer
         self.max_num_seqs = max_num_seqs
         self.max_model_len = max_model_len
@@ -309,20 +313,23 @@ class Engine:
         return admitted
 
     def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
+        # a request's n fresh sequences share its prompt: one of them runs it, the others get
+        # a copy of its keys and values and sample from its last logits (`source`)
+        shares = prefill and self.share_prompts
+        run, source = share_prompts(sequences) if shares else (sequences, None)
         if prefill:  # the prompt, and for a preempted sequence its tokens so far
-            lengths = [s.prefill_len for s in sequences]
+            lengths = [s.prefill_len for s in run]
             width = max(lengths)
-            rows = [
-                s.request.prompt_ids + s.output_ids + [0] * (width - s.prefill_len)
-                for s in sequences
-            ]
-            starts = [0] * len(sequences)
+            rows = [s.request.prompt_ids + s.output_ids + [0] * (width - length) for s, length in
+                    zip(run, lengths, strict=True)]  # fmt: skip
+            starts = [0] * len(run)
         else:
-            lengths = [1] * len(sequences)
+            lengths = [1] * len(run)
             width = 1
-            rows = [[s.output_ids[-1]] for s in sequences]
-            starts = [s.cached_len for s in sequences]
-        self.cache.prepare([s.slot for s in sequences], starts, width)  # type: ignore[misc]
+            rows = [[s.output_ids[-1]] for s in run]
+            starts = [s.cached_len for s in run]
+        slots = [s.slot for s in run]  # kept: a sequence aborted meanwhile loses its slot
+        self.cache.prepare(slots, starts, width)  # type: ignore[arg-type]
         logits = self.model(
             input_ids=torch.tensor(rows, device=self.device),
             position_ids=self.cache.position_ids(),
@@ -331,7 +338,14 @@ class Engine:
             use_cache=True,
         ).logits  # [rows, width, vocab]
         last = torch.tensor(lengths, device=self.device) - 1
-        step_logits = logits[torch.arange(len(sequences), device=self.device), last]
+        step_logits = logits[torch.arange(len(run), device=self.device), last]
+        if source is not None and len(run) < len(sequences):
+            for sequence, row in zip(sequences, source, strict=True):
+                if sequence is not run[row] and sequence.slot is not None:
+                    shared = sequence.prefill_len
+                    self.cache.copy_prefix(slots[row], sequence.slot, shared)  # type: ignore[arg-type]
+            step_logits = step_logits[torch.tensor(source, device=self.device)]
+        self.stats.prefill_tokens += sum(lengths) if prefill else 0
         views = (
             [
                 SequenceView(
@@ -439,6 +453,26 @@ class Engine:
         if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
             request.done.set_result([_output(s) for s in request.sequences])
         self._condition.notify_all()
+
+
+def share_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
+    """The sequences a prefill runs (one per request among its fresh sequences; a preempted
+    sequence, with tokens of its own, runs alone) and, for every sequence, the run row whose
+    prompt it shares."""
+    run: list[Sequence] = []
+    source: list[int] = []
+    leaders: dict[int, int] = {}
+    for sequence in sequences:
+        shares = not sequence.output_ids
+        key = id(sequence.request)
+        if shares and key in leaders:
+            source.append(leaders[key])
+            continue
+        if shares:
+            leaders[key] = len(run)
+        source.append(len(run))
+        run.append(sequence)
+    return run, source
 
 
 def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:

@@ -11,6 +11,7 @@ class EngineStats:
 
     def __init__(self, window_seconds: float = 10.0) -> None:
         self.generated_tokens = 0
+        self.prefill_tokens = 0  # tokens run through prefill (a shared prompt counts once)
         self.window_seconds = window_seconds
         self._recent: deque[tuple[float, int]] = deque()
 

@@ -75,6 +75,13 @@ class SlotKVCache:
     def release(self, slot: int) -> None:
         self.free_slots.append(slot)
 
+    def copy_prefix(self, source: int, target: int, length: int) -> None:
+        """Give slot `target` the keys and values of slot `source`'s first `length` positions
+        (a shared prompt, prefilled once)."""
+        for keys, values in zip(self.keys, self.values, strict=True):
+            keys[target, :, :length] = keys[source, :, :length]
+            values[target, :, :length] = values[source, :, :length]
+
     @property
     def used_slots(self) -> int:
         return self.num_slots - len(self.free_slots)
