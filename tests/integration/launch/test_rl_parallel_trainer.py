@@ -1,6 +1,6 @@
 """`asyncrl rl` with a 2-rank trainer (FSDP2 over gloo, ranks started by torchrun): it trains
-on-policy with the server's logprobs, and a rank killed with SIGKILL stops the run with a
-message that names the rank, leaving no process behind."""
+on-policy with the server's logprobs, and with restarts off a rank killed with SIGKILL stops
+the run with a message that names the rank, leaving no process behind."""
 
 from __future__ import annotations
 
@@ -72,7 +72,9 @@ def rank_pids(output: Path) -> dict[int, int]:
 def test_a_killed_rank_stops_the_run_naming_the_rank(tiny_model_dir: Path, tmp_path: Path) -> None:
     output = tmp_path / "killed"
     config = two_rank_config(tiny_model_dir, output)
-    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000"]
+    # restarts off: with them, the trainer would come back (see test_restarts.py)
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
+               "--restart.max_restarts", "0"]  # fmt: skip
     launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
