@@ -30,8 +30,14 @@ def start_heartbeat(environ: dict[str, str] | None = None) -> threading.Thread |
 
 
 def _beat(path: Path) -> None:
+    """Touch `path` every second; a failed touch (the directory removed, a full disk) is tried
+    again next time rather than ending the thread, whose silence would read as a hang."""
     while True:
-        path.touch()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch()
+        except OSError:
+            pass
         time.sleep(INTERVAL_S)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from asyncrl.config.base import StrictModel
+from asyncrl.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
 
 # with restarts on and no checkpoint interval given, what a restarted role resumes from
 ORCHESTRATOR_CHECKPOINT_INTERVAL = 1  # its state is a few kilobytes of JSON
@@ -25,7 +26,7 @@ class RestartConfig(StrictModel):
     )
     hang_timeout: float | None = Field(
         120.0,
-        gt=0,
+        ge=2 * HEARTBEAT_INTERVAL_S,
         description="Seconds without a heartbeat from a live role (stopped, or frozen) before "
-        "it is killed and restarted (null = never).",
+        "it is killed and restarted (null = never); at least two heartbeats (2 s).",
     )

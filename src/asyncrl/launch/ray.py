@@ -375,7 +375,7 @@ class RayRun:
             else:
                 continue
             self.stream_logs()
-            self.pending[unit] = budget.after_failure(ending, self.log_path(member), now)
+            self.pending[unit] = budget.after_failure(ending, self.log_path(member), now, code)
             others = [m for m in self.members if unit_of(m) == unit and m is not member]
             self.call_all(others, lambda m: m.actor.stop.remote())
         return {label: code for label, (code, _) in statuses.items()}

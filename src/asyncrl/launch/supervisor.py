@@ -72,13 +72,14 @@ class RestartBudget:
         self.what, self.policy, self.cannot_restart = what, policy, cannot_restart
         self.restarts = 0
 
-    def after_failure(self, ending: str, log: Path, now: float) -> float:
-        """When to restart the role that ended so (`how_it_ended`, or a hang); logs the restart.
-        Raises `RoleFailed` with the end of its log when it may not be restarted."""
+    def after_failure(self, ending: str, log: Path, now: float, code: int | None = None) -> float:
+        """When to restart the role that ended so (`how_it_ended`, or a hang; `code` its exit
+        code, None if it was killed for hanging); logs the restart. Raises `RoleFailed` with the
+        end of its log when it may not be restarted."""
         what = f"{self.what} {ending}"
         if self.cannot_restart is not None and self.policy.max_restarts > 0:
             what += f" and cannot be restarted ({self.cannot_restart})"
-        elif ending == how_it_ended(CONFIG_ERROR) and self.policy.max_restarts > 0:
+        elif code == CONFIG_ERROR and self.policy.max_restarts > 0:
             what += " (a configuration error: a restart would meet it again)"
         elif self.restarts >= self.policy.max_restarts:
             if self.policy.max_restarts > 0:
@@ -142,4 +143,4 @@ class SupervisedRole:
             return
         else:
             ending = how_it_ended(code) if code else "stopped before training ended"
-        self.restart_at = self.budget.after_failure(ending, self.spec.log, now)
+        self.restart_at = self.budget.after_failure(ending, self.spec.log, now, code)

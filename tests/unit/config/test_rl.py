@@ -171,3 +171,8 @@ def test_roles_that_cannot_restart_get_no_default_checkpoints() -> None:
     """With zmq batches neither orchestrator nor trainer can restart alone."""
     config = rl("--model", "m", "--orchestrator.rollout_transport.type", "zmq")
     assert config.orchestrator.ckpt.interval is None and config.trainer.save_steps is None
+
+
+def test_a_hang_timeout_shorter_than_two_heartbeats_is_refused_by_its_path() -> None:
+    with pytest.raises(ConfigError, match=r"restart\.hang_timeout"):
+        rl("--model", "m", "--restart.hang_timeout", "1")
