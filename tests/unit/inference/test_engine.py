@@ -3,26 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.inference import engine as engine_module
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.sampling import SamplingParams
-
-
-@pytest.fixture
-def engine(tiny_model_dir: Path) -> Iterator[Engine]:
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    engine = Engine(model, tokenizer, max_num_seqs=8, max_model_len=512)
-    yield engine
-    engine.shutdown()
-
 
 GREEDY = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
 PROMPTS = [[70, 71, 72], [80], [90, 91, 92, 93, 94, 95, 96], [75, 76], [85, 86, 87, 88]]

@@ -5,28 +5,16 @@ tokens of its own, is prefilled alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import Future
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.inference.engine import Engine, Request, Sequence, share_prompts
 from asyncrl.inference.sampling import SamplingParams
 
 PROMPT = [70, 71, 72, 73, 74, 75, 76, 77, 78]
 N = 4
-
-
-@pytest.fixture
-def engine(tiny_model_dir: Path) -> Iterator[Engine]:
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    engine = Engine(model, tokenizer, max_num_seqs=8, max_model_len=256)
-    yield engine
-    engine.shutdown()
 
 
 def together_and_apart(engine: Engine, params: SamplingParams) -> tuple[list, list]:
