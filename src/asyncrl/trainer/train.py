@@ -20,12 +20,11 @@ from pathlib import Path
 import torch
 from transformers import AutoTokenizer
 
-from asyncrl.checkpoint.layout import checkpoint_dir, prune, resolve_resume_step
+from asyncrl.checkpoint.layout import checkpoint_dir, prune
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
-from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
-from asyncrl.step_dirs import remove_staging_leftovers
-from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.trainer.checkpoint import save_trainer_checkpoint
 from asyncrl.trainer.colocated import ColocatedInference
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
@@ -37,7 +36,6 @@ from asyncrl.trainer.parallel import (
     SINGLE_PROCESS,
     Ranks,
     close_ranks,
-    full_state_dict,
     init_ranks,
     plain_float,
     receive_everywhere,
@@ -46,17 +44,13 @@ from asyncrl.trainer.parallel import (
     shard_model,
     split_by_tokens,
 )
+from asyncrl.trainer.publish import open_sender, publish
+from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
 from asyncrl.transport.broadcast import (
-    STABLE,
-    broadcasts_dir,
-    forget_broadcasts_after,
-    publish_marker,
     publish_weights,
 )
-from asyncrl.transport.fingerprint import weights_fingerprint
-from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import batch_receiver
 from asyncrl.transport.run_end import run_finished
 from asyncrl.types import TrainingBatch
@@ -194,58 +188,6 @@ def this_ranks_micro_batches(
     )
 
 
-def resume(
-    config: TrainerConfig,
-    run_dir: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    ranks: Ranks,
-) -> int:
-    """The step training resumes after (0 for a fresh start). Broadcasts and trainer metrics
-    records the crashed run made after that step are removed: they belong to a future this run
-    will redo. Asked to resume with no checkpoint yet (a restart early in the run), it starts
-    from the initial weights as step 0."""
-    root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
-    if ranks.is_main:  # what a crash left half-written
-        remove_staging_leftovers(broadcasts_dir(run_dir))
-        remove_staging_leftovers(root or run_dir / "checkpoints")
-    step = resolve_resume_step(config.resume_step, run_dir, ("trainer",), root)
-    if config.resume_step is None:
-        return 0
-    if step is not None:
-        load_trainer_checkpoint(
-            checkpoint_dir(run_dir, step, "trainer", root), model, optimizer, scheduler, ranks
-        )
-    step = step or 0
-    if ranks.is_main:
-        forget_broadcasts_after(run_dir, step)
-        forget_metrics_after(run_dir / "metrics.jsonl", step, role="trainer")
-    logger.info("trainer: resumed from the checkpoint of step %d", step)
-    return step
-
-
-def republish_on_resume(
-    config: TrainerConfig,
-    run_dir: Path,
-    step: int,
-    model: torch.nn.Module,
-    ranks: Ranks,
-) -> None:
-    """Publish the resumed weights as broadcast `step` when it is gone (pruned, or never made):
-    servers running a withdrawn future go back to them, and a fresh server gets the weights
-    the resumed run continues from rather than waiting for the next step."""
-    if config.resume_step is None or config.colocated_inference is not None:
-        return  # a fresh start; or a colocated trainer, whose engine starts from its weights
-    if config.weight_broadcast.type == "nccl":
-        return  # the servers get weights over the wire from the next step on
-    if (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
-        return
-    publish(run_dir, step, model, None, keep=config.max_async_level + 2, ranks=ranks)
-    if ranks.is_main:
-        logger.info("trainer: republished the weights of step %d for the servers", step)
-
-
 def maybe_checkpoint(
     config: TrainerConfig,
     run_dir: Path,
@@ -263,35 +205,6 @@ def maybe_checkpoint(
     save_trainer_checkpoint(directory, step, model, optimizer, scheduler, ranks)
     if ranks.is_main:
         prune(run_dir, "trainer", config.keep_last, config.keep_interval, root)
-
-
-def open_sender(config: TrainerConfig) -> WeightSender | None:
-    broadcast = config.weight_broadcast
-    if broadcast.type != "nccl":
-        return None
-    return WeightSender(
-        broadcast.host, broadcast.port, broadcast.inference_world_size, broadcast.timeout
-    )
-
-
-def publish(
-    run_dir: Path,
-    step: int,
-    model: torch.nn.Module,
-    sender: WeightSender | None,
-    keep: int,
-    ranks: Ranks,
-) -> None:
-    """Weights version `step` out to inference: over NCCL/gloo, or as a checkpoint directory.
-    With several ranks every rank takes part in gathering the weights; rank 0 publishes."""
-    gathered = full_state_dict(model, ranks)
-    if not ranks.is_main:
-        return
-    if sender is None:
-        publish_weights(run_dir, step, model, keep=keep, state_dict=gathered)
-        return
-    sender.send(step, model)
-    publish_marker(run_dir, step, weights_fingerprint(model.named_parameters()), keep=keep)
 
 
 def train_step(
