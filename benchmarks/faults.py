@@ -6,12 +6,14 @@ role: SIGKILL, or SIGSTOP (a "hang", which the launcher must notice by the silen
 The trials go through every kind of fault in turn (each role killed and frozen; the trainer
 also hit in the middle of writing a broadcast or a checkpoint: those trials wait for the
 staging directory to appear). Every fourth trial runs colocated (the trainer serves; there is
-no inference process). After each run the run directory is audited
+no inference process). With `--weights nccl` the weights go over the NCCL/gloo group instead of
+files, whose rebuilding is then under test too (no colocated trials: that layout syncs in
+memory). After each run the run directory is audited
 (`asyncrl.monitor.run_audit`): every step trained and batched exactly once, nothing
 half-written, every batch within its staleness bounds, the final weights loadable; and no
 process of the run may be left. Prints one JSON line:
 
-    python benchmarks/faults.py --trials 20 [--seed 0]
+    python benchmarks/faults.py --trials 20 [--seed 0] [--weights filesystem|nccl]
 
 trials, survived, steps lost / repeated, corrupt files, orphans, and the median recovery time
 per role and fault: seconds from the fault until the role does its job again (`recovery`),
@@ -69,7 +71,8 @@ class Trial:
     problems: list[str] = field(default_factory=list)
 
 
-def write_config(model: Path, output: Path, colocated: bool) -> Path:
+def write_config(model: Path, output: Path, colocated: bool, weights: str) -> Path:
+    broadcast = {"type": weights, "port": free_port(), "timeout": 120} if weights == "nccl" else {}
     config = {
         "model": str(model), "output_dir": str(output), "seq_len": 256, "max_steps": STEPS,
         "max_async_level": 0 if colocated else ASYNC_LEVEL,
@@ -80,7 +83,7 @@ def write_config(model: Path, output: Path, colocated: bool) -> Path:
                          "rollouts_per_example": 4, "sampling": {"max_tokens": 12},
                          "max_off_policy_steps": OFF_POLICY, "ckpt": {"interval": 2}},
         "trainer": {"lora": False, "optimizer": "adamw", "recipe": "fp32",
-                    "learning_rate": 1e-4},
+                    "learning_rate": 1e-4, "weight_broadcast": broadcast},
     }  # fmt: skip
     path = output.parent / f"{output.name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -140,9 +143,9 @@ def staging_appeared(run_dir: Path, moment: str) -> bool:
     return any((run_dir / "checkpoints").glob("step_*/.trainer.tmp"))
 
 
-def run_trial(trial: Trial, model: Path, output: Path) -> Trial:
+def run_trial(trial: Trial, model: Path, output: Path, weights: str) -> Trial:
     run_dir = output / "run_default"
-    config = write_config(model, output, trial.deployment == "colocated")
+    config = write_config(model, output, trial.deployment == "colocated", weights)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "rl", str(config)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -213,12 +216,12 @@ COLOCATED = [("train", "SIGKILL", "random"), ("orch", "SIGKILL", "random"),
              ("train", "SIGSTOP", "random"), ("orch", "SIGSTOP", "random")]  # fmt: skip
 
 
-def plan(trials: int, rng: random.Random) -> list[Trial]:
+def plan(trials: int, rng: random.Random, with_colocated: bool) -> list[Trial]:
     """Every kind of fault in turn, each at a random step."""
     kinds = iter(DISAGGREGATED * trials), iter(COLOCATED * trials)
     planned = []
     for index in range(trials):
-        colocated = index % 4 == 3
+        colocated = with_colocated and index % 4 == 3
         role, fault, moment = next(kinds[colocated])
         planned.append(Trial("colocated" if colocated else "disaggregated", role, fault, moment,
                              after_step=rng.randint(1, STEPS - 2)))  # fmt: skip
@@ -229,15 +232,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--weights", choices=["filesystem", "nccl"], default="filesystem")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="asyncrl-faults-") as temp:
         workdir = Path(temp)
         model = init_model(InitModelConfig(preset="tiny", output_dir=str(workdir / "model")))
         results = []
-        for number, trial in enumerate(plan(args.trials, rng), start=1):
+        trials = plan(args.trials, rng, with_colocated=args.weights == "filesystem")
+        for number, trial in enumerate(trials, start=1):
             started = time.monotonic()
-            result = run_trial(trial, model, workdir / f"trial-{number}")
+            result = run_trial(trial, model, workdir / f"trial-{number}", args.weights)
             results.append(result)
             print(f"trial {number}: {json.dumps(asdict(result))} "
                   f"({time.monotonic() - started:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
@@ -247,6 +252,7 @@ def main() -> None:
             times.setdefault(f"{result.role}/{result.fault}", []).append(result.recovery_s)
     print(json.dumps({
         "benchmark": "faults", "cpu": cpu_name(), "cores": os.cpu_count(),
+        "weights": args.weights,
         "trials": len(results), "survived": sum(r.survived for r in results),
         "steps_lost": sum(r.steps_lost for r in results),
         "steps_repeated": sum(r.steps_repeated for r in results),

@@ -1,5 +1,6 @@
 """The inference side of NCCL/gloo weight broadcast: a thread that receives each step's weights
-from the trainer and installs them between engine steps."""
+from the trainer and installs them between engine steps. It joins the trainer's group by itself
+and joins again whenever the trainer restarts or re-forms the group."""
 
 from __future__ import annotations
 
@@ -23,26 +24,24 @@ class WeightReceiverThread(threading.Thread):
 
     def run(self) -> None:
         config = self.config
+        receiver = WeightReceiver(
+            config.weight_broadcast_host,
+            config.weight_broadcast_port,
+            config.weight_broadcast_rank,
+            config.weight_broadcast_world_size,
+            config.weight_broadcast_timeout,
+        )
         try:
-            receiver = WeightReceiver(
-                config.weight_broadcast_host,
-                config.weight_broadcast_port,
-                config.weight_broadcast_rank,
-                config.weight_broadcast_world_size,
-                config.weight_broadcast_timeout,
-            )
-            logger.info(
-                "joined the weight broadcast group as rank %d", config.weight_broadcast_rank
-            )
             while not self._stop_event.is_set():
                 received = receiver.receive(self.served.engine.model, self._stop_event.is_set)
                 if received is None:
                     break
                 self.served.apply_received(*received)
-            receiver.close()
         except Exception as error:  # reported on /health; the server keeps serving old weights
             self.error = error
             logger.exception("weight receiver stopped: %s", error)
+        finally:
+            receiver.close()
 
     def stop(self) -> None:
         self._stop_event.set()

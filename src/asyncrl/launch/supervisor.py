@@ -53,8 +53,6 @@ def why_not_restartable(role: str, config: RLConfig) -> str | None:
     """What in the config keeps a role from being restarted alone (None: it can be)."""
     if role in ("orch", "train") and config.trainer.rollout_transport.type == "zmq":
         return "batches in a zmq queue die with it; `rollout_transport: filesystem` keeps them"
-    if role in ("infer", "train") and config.trainer.weight_broadcast.type == "nccl":
-        return "the NCCL weight group is not rebuilt on a restart; use the filesystem broadcast"
     return None
 
 

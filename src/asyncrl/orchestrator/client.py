@@ -250,10 +250,11 @@ class ClientPool:
 
         await asyncio.gather(*(probe(s) for s in self.servers if s.state == "down"))
 
-    def mark_up(self) -> None:
-        """Servers that are back and now hold the newest weights take work again."""
+    def mark_up(self, newest: Broadcast | None) -> None:
+        """Servers that are back and now hold the newest weights take work again. One that gets
+        its weights from the trainer itself (NCCL) may still wait for them: it stays back."""
         for server in self.servers:
-            if server.state == "back":
+            if server.state == "back" and (newest is None or server.version >= newest.step):
                 server.state = "up"
 
     async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
@@ -281,14 +282,23 @@ class ClientPool:
 
     async def refresh_versions(self) -> None:
         """Ask every server which weights it holds: a trainer may push weights to it without a
-        broadcast directory (a colocated trainer syncs in memory after every step)."""
+        broadcast directory (a colocated trainer syncs in memory after every step, an NCCL
+        sender after every step, and a restarted one sends its checkpoint's weights)."""
 
         async def refresh(server: Server) -> None:
             try:
                 version = await (await self.api(server)).version()
             except ServerDown:
                 return  # marked down; `revive` takes over
-            server.version = max(server.version, version or 0)
+            if version is None:
+                return
+            if version < server.version:
+                logger.info(
+                    "%s went back from weights version %d to %d: the trainer resumed from an "
+                    "earlier checkpoint, or the server restarted", server.root, server.version,
+                    version,
+                )  # fmt: skip
+            server.version = version
 
         await asyncio.gather(*(refresh(s) for s in self.servers if s.state == "up"))
 

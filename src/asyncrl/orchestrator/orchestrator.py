@@ -347,7 +347,7 @@ class Orchestrator:
                     await self.clients.load(broadcast, LORA_NAME, servers)
                     if broadcast.kind == "lora" and not broadcast.pushed:
                         self.request_model = LORA_NAME
-            self.clients.mark_up()  # a server back from a restart holds the newest weights now
+            self.clients.mark_up(broadcast)  # servers back from a restart with the newest weights
             if self.clients.oldest_version() >= need:
                 return
             wait.check()

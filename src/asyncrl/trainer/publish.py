@@ -4,6 +4,8 @@ directory they load. With several ranks every rank helps gather the weights; ran
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -13,6 +15,9 @@ from asyncrl.trainer.parallel import Ranks, full_state_dict
 from asyncrl.transport.broadcast import publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
+from asyncrl.types import TrainingBatch
+
+ADMIT_EVERY = 1.0  # seconds between looks for a restarted server while a batch is awaited
 
 
 def open_sender(config: TrainerConfig) -> WeightSender | None:
@@ -42,3 +47,24 @@ def publish(
         return
     sender.send(step, model)
     publish_marker(run_dir, step, weights_fingerprint(model.named_parameters()), keep=keep)
+
+
+def receive_admitting(
+    receive: Callable[[float | None], TrainingBatch | None],
+    sender: WeightSender | None,
+    timeout: float | None,
+) -> TrainingBatch | None:
+    """`receive(timeout)`; with an NCCL sender, in slices between which a restarted server is
+    let back into the weight group with the current weights: the batch awaited may be one only
+    that server can generate."""
+    if sender is None:
+        return receive(timeout)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        sender.admit_restarted_servers()
+        left = None if deadline is None else deadline - time.monotonic()
+        try:
+            return receive(ADMIT_EVERY if left is None else max(0.0, min(ADMIT_EVERY, left)))
+        except TimeoutError:
+            if left is not None and left <= ADMIT_EVERY:
+                raise

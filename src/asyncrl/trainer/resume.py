@@ -19,6 +19,7 @@ from asyncrl.trainer.checkpoint import load_trainer_checkpoint
 from asyncrl.trainer.parallel import Ranks
 from asyncrl.trainer.publish import publish
 from asyncrl.transport.broadcast import STABLE, broadcasts_dir, forget_broadcasts_after
+from asyncrl.transport.nccl_broadcast import WeightSender
 
 logger = get_logger(__name__)
 
@@ -59,17 +60,17 @@ def republish_on_resume(
     run_dir: Path,
     step: int,
     model: torch.nn.Module,
+    sender: WeightSender | None,
     ranks: Ranks,
 ) -> None:
     """Publish the resumed weights as broadcast `step` when it is gone (pruned, or never made):
     servers running a withdrawn future go back to them, and a fresh server gets the weights
-    the resumed run continues from rather than waiting for the next step."""
+    the resumed run continues from rather than waiting for the next step. Over NCCL they are
+    always sent: the servers in the new group hold whatever the dead trainer last sent."""
     if config.resume_step is None or config.colocated_inference is not None:
         return  # a fresh start; or a colocated trainer, whose engine starts from its weights
-    if config.weight_broadcast.type == "nccl":
-        return  # the servers get weights over the wire from the next step on
-    if (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
+    if sender is None and (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
         return
-    publish(run_dir, step, model, None, keep=config.max_async_level + 2, ranks=ranks)
+    publish(run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks)
     if ranks.is_main:
         logger.info("trainer: republished the weights of step %d for the servers", step)

@@ -44,16 +44,15 @@ from asyncrl.trainer.parallel import (
     shard_model,
     split_by_tokens,
 )
-from asyncrl.trainer.publish import open_sender, publish
+from asyncrl.trainer.publish import open_sender, publish, receive_admitting
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
-from asyncrl.transport.broadcast import (
-    publish_weights,
-)
+from asyncrl.transport.broadcast import publish_weights
 from asyncrl.transport.rollout_transport import batch_receiver
 from asyncrl.transport.run_end import run_finished
 from asyncrl.types import TrainingBatch
+from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
@@ -87,7 +86,7 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
-    republish_on_resume(config, run_dir, step - 1, model, ranks)
+    republish_on_resume(config, run_dir, step - 1, model, sender, ranks)
     colocated = None
     if config.colocated_inference is not None:  # it sleeps while a step trains
         colocated = ColocatedInference(config.colocated_inference, model, version=step - 1)
@@ -104,7 +103,9 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
         while config.max_steps < 0 or step <= config.max_steps:
             waited = time.perf_counter()
             batch = receive_everywhere(
-                lambda timeout, step=step: receiver.receive(step, timeout=timeout),  # on rank 0
+                lambda timeout, step=step: receive_admitting(  # on rank 0
+                    lambda left: receiver.receive(step, timeout=left), sender, timeout
+                ),
                 batch_timeout,
                 ranks,
             )
@@ -148,7 +149,9 @@ def serve_until_finished(run_dir: Path) -> None:
     """A colocated trainer's server outlives training: the orchestrator still loads the final
     weights and may evaluate them. It is done when it marks the run finished."""
     logger.info("trainer: training done; serving until the orchestrator finishes")
+    wait = Wait("the orchestrator to finish the run", logger, first_report_after=30.0)
     while not run_finished(run_dir):
+        wait.check()
         time.sleep(0.2)
 
 

@@ -1,11 +1,17 @@
 """Weight broadcast over torch.distributed: NCCL on GPUs, gloo on CPU (so it runs in tests here).
 
 The trainer is rank 0 and hosts the rendezvous store; each inference server is one more rank.
-For every step the trainer first sets the store key `weights_<step>`, then broadcasts a header
+For its n-th send in a group the trainer sets the store key `send_<n>`, then broadcasts a header
 (step, tensor count) and every parameter in `named_parameters()` order — the receivers hold the
 same architecture, so order and shapes agree. Receivers wait for that key in short polls, so a
 long training step is never mistaken for a dead peer; the transfer itself is bounded by
 `timeout` and raises instead of hanging.
+
+A group outlives the loss of any member. When a server dies the trainer's next send fails; a
+restarted server finds the group `complete` without it and asks to rejoin. Either way the
+trainer dissolves the group (closing its store tells every live server), forms a new one on the
+same port once every server is back (at most `timeout` seconds), and sends its current weights.
+When the trainer dies, the servers keep serving and wait for the restarted trainer's group.
 
 Full weights only: a LoRA policy broadcasts its adapter through the filesystem.
 
@@ -16,7 +22,9 @@ where the network between nodes must be trusted.
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from collections.abc import Callable
 from datetime import timedelta
 
@@ -24,94 +32,215 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.log import get_logger
+from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
+
+COMPLETE = "complete"  # set by the trainer once every server has joined
+REJOIN = "rejoin"  # a counter: restarted servers that found the group complete without them
+CONNECT_TIMEOUT = 5.0  # one attempt to reach the trainer's store; a server keeps trying
 
 
 def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def join_group(
-    host: str, port: int, rank: int, world_size: int, timeout: float, listener: socket.socket | None
-) -> dist.TCPStore:
-    """Join the weight group (rank 0 hosts the store on `listener`); returns the store for
-    step signalling."""
-    store = dist.TCPStore(
-        host, port, world_size, is_master=rank == 0, timeout=timedelta(seconds=timeout),
-        master_listen_fd=listener.fileno() if listener else None,
-    )  # fmt: skip
+def _init_group(store: dist.TCPStore, rank: int, world_size: int, timeout: float) -> None:
+    if _backend() == "nccl":  # abort the communicator and raise here, not tear the process down
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     dist.init_process_group(
         _backend(), store=store, rank=rank, world_size=world_size,
         timeout=timedelta(seconds=timeout),
     )  # fmt: skip
-    return store
+
+
+def _leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class WeightSender:
-    """Rank 0: the trainer."""
+    """Rank 0: the trainer. `send` after each step; `admit_restarted_servers` while it waits."""
 
     def __init__(self, host: str, port: int, receivers: int, timeout: float) -> None:
-        logger.info(
-            "weight broadcast: waiting for %d inference rank(s) on %s:%d", receivers, host, port
-        )
-        self.listener = socket.create_server((host, port))  # `host` only; open while we serve
-        self.store = join_group(host, port, 0, receivers + 1, timeout, self.listener)
+        self.host, self.port, self.receivers, self.timeout = host, port, receivers, timeout
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+        self.last: tuple[int, torch.nn.Module] | None = None  # resent to a rebuilt group
+        self._form_group()
+
+    def _form_group(self) -> None:
+        """Host the store on `host` only, and wait (at most `timeout`) for every server."""
+        logger.info(
+            "weight broadcast: waiting for %d inference rank(s) on %s:%d",
+            self.receivers, self.host, self.port,
+        )  # fmt: skip
+        listener = socket.create_server((self.host, self.port))
+        self.store: dist.TCPStore | None = dist.TCPStore(
+            self.host, self.port, self.receivers + 1, is_master=True,
+            timeout=timedelta(seconds=self.timeout), master_listen_fd=listener.fileno(),
+        )  # fmt: skip
+        listener.detach()  # the store owns the socket now, and closes it with itself
+        _init_group(self.store, 0, self.receivers + 1, self.timeout)
+        self.store.set(COMPLETE, "1")
+        self.sends = 0
+
+    def _rebuild(self, why: str) -> None:
+        logger.warning(
+            "weight broadcast: %s; forming the group again (up to %.0f s for every server)",
+            why, self.timeout,
+        )  # fmt: skip
+        _leave_group()
+        self.store = None  # the last reference: its server closes, which tells the live servers
+        self._form_group()
+
+    def _restarted_servers(self) -> int:
+        assert self.store is not None
+        return int(self.store.add(REJOIN, 0))
 
     @torch.no_grad()
     def send(self, step: int, model: torch.nn.Module) -> None:
+        """Weights version `step` to every server; a group that lost a member is formed again
+        and sent to once more (a second failure raises)."""
         if hasattr(model, "peft_config"):
             raise ValueError(
                 "NCCL broadcast sends full weights; use filesystem broadcast with LoRA"
             )
+        if self._restarted_servers():
+            self._rebuild("a restarted server asks to rejoin")
+        failure = None
+        try:
+            self._send(step, model)
+        except RuntimeError as error:  # gloo: a peer's socket closed; NCCL: the aborted comm
+            failure = str(error)  # not the error itself: it keeps the old group (and port)
+        if failure is not None:
+            self._rebuild(f"sending weights version {step} failed ({failure})")
+            self._send(step, model)
+        self.last = (step, model)
+
+    def admit_restarted_servers(self) -> None:
+        """Between steps: let a restarted server back in and send it the current weights, so a
+        run whose only server restarted never waits for a batch that server must make."""
+        if self.store is not None and self._restarted_servers():
+            self._rebuild("a restarted server asks to rejoin")
+            if self.last is not None:
+                self._send(*self.last)
+
+    def _send(self, step: int, model: torch.nn.Module) -> None:
+        assert self.store is not None
         parameters = list(model.named_parameters())
-        self.store.set(f"weights_{step}", str(len(parameters)))
+        self.sends += 1
+        self.store.set(f"send_{self.sends}", str(step))
         header = torch.tensor([step, len(parameters)], dtype=torch.int64, device=self.device)
         dist.broadcast(header, src=0)
         for _, parameter in parameters:
             dist.broadcast(parameter.detach().to(self.device).contiguous(), src=0)
 
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_group()
+        self.store = None
 
 
 class WeightReceiver:
-    """Rank >= 1: an inference server. `receive` blocks until the trainer sends a step."""
+    """Rank >= 1: an inference server. `receive` blocks until the trainer sends a step; it joins
+    (and, after losing the trainer, rejoins) the trainer's group by itself."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: float) -> None:
-        self.store = join_group(host, port, rank, world_size, timeout, listener=None)
-        self.next_step = 1
+        self.host, self.port, self.rank = host, port, rank
+        self.world_size, self.timeout = world_size, timeout
+        self.store: dist.TCPStore | None = None
+        self.sends = 0
 
     @torch.no_grad()
     def receive(
         self, model: torch.nn.Module, should_stop: Callable[[], bool], poll: float = 1.0
     ) -> tuple[int, dict[str, torch.Tensor]] | None:
         """Staging copies of the next step's tensors (None if told to stop while waiting)."""
-        while True:
-            if should_stop():
-                return None
-            try:
-                self.store.wait([f"weights_{self.next_step}"], timedelta(seconds=poll))
-                break
-            except RuntimeError:  # the key is not there yet: poll again
+        while not should_stop():
+            if self.store is None:
+                self._join(should_stop, poll)
                 continue
+            try:  # `check`, not a timed `wait`: torch logs a warning for every wait that times out
+                sent = self.store.check([f"send_{self.sends + 1}"])
+                received = self._receive_tensors(model) if sent else None
+            except RuntimeError as error:  # the store closed: the trainer died or re-forms
+                failure = str(error)  # not the error: it would keep the old group alive
+            else:
+                if received is None:
+                    time.sleep(poll)
+                    continue
+                self.sends += 1
+                return received
+            self._leave(f"lost the trainer's weight group ({failure})")
+        return None
+
+    def _join(self, should_stop: Callable[[], bool], poll: float) -> None:
+        """Join the trainer's next group. A group already complete formed without this server
+        (it restarted): ask to rejoin, then wait for that group's store to close."""
+        wait = Wait(
+            f"the trainer's weight group on {self.host}:{self.port}", logger,
+            first_report_after=30.0,
+        )  # fmt: skip
+        while not should_stop():
+            try:
+                store = self._connect()
+            except (OSError, RuntimeError):  # nobody listens yet (the trainer starts, restarts)
+                wait.check()
+                time.sleep(poll)
+                continue
+            try:
+                if store.check([COMPLETE]):
+                    store.add(REJOIN, 1)
+                    logger.info("weight broadcast: asked the trainer to let rank %d in", self.rank)
+                    _wait_until_closed(store, should_stop, poll)
+                    continue
+                store.set_timeout(timedelta(seconds=self.timeout))
+                _init_group(store, self.rank, self.world_size, self.timeout)
+            except RuntimeError as error:  # the trainer went away while the group formed
+                logger.warning("weight broadcast: joining failed (%s); trying again", error)
+                _leave_group()
+                continue
+            self.store, self.sends = store, 0
+            logger.info("joined the weight broadcast group as rank %d", self.rank)
+            return
+
+    def _connect(self) -> dist.TCPStore:
+        """A client of the trainer's store. A plain connection is tried first: torch logs every
+        failed attempt of its own, which would flood the log while the trainer restarts."""
+        socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT).close()
+        return dist.TCPStore(
+            self.host, self.port, self.world_size, is_master=False,
+            timeout=timedelta(seconds=CONNECT_TIMEOUT),
+        )  # fmt: skip
+
+    def _receive_tensors(self, model: torch.nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
         device = next(model.parameters()).device  # NCCL needs GPU tensors, gloo CPU ones
         header = torch.zeros(2, dtype=torch.int64, device=device)
         dist.broadcast(header, src=0)
         step, count = (int(v) for v in header)
         parameters = list(model.named_parameters())
         if count != len(parameters):
-            raise RuntimeError(f"trainer sends {count} tensors, this model has {len(parameters)}")
+            raise ValueError(f"trainer sends {count} tensors, this model has {len(parameters)}")
         staged = {}
         for name, parameter in parameters:
             buffer = torch.empty_like(parameter)
             dist.broadcast(buffer, src=0)
             staged[name] = buffer
-        self.next_step = step + 1
         return step, staged
 
+    def _leave(self, why: str) -> None:
+        logger.warning("weight broadcast: %s; waiting for the trainer's next group", why)
+        _leave_group()
+        self.store = None
+
     def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        _leave_group()
+        self.store = None
+
+
+def _wait_until_closed(store: dist.TCPStore, should_stop: Callable[[], bool], poll: float) -> None:
+    while not should_stop():
+        try:
+            store.check([COMPLETE])
+        except RuntimeError:
+            return
+        time.sleep(poll)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from asyncrl.config.transport import RolloutTransportConfig
+from asyncrl.log import get_logger
 from asyncrl.transport.batches import (
     batch_path,
     decode_batch,
@@ -23,6 +24,9 @@ from asyncrl.transport.batches import (
     write_batch,
 )
 from asyncrl.types import TrainingBatch
+from asyncrl.waiting import Wait
+
+logger = get_logger(__name__)
 
 END_OF_RUN = TrainingBatch(step=0, samples=[])
 
@@ -94,8 +98,10 @@ class ZmqReceiver:
         self.socket.connect(self.endpoint)
 
     def receive(self, step: int, timeout: float | None = None) -> TrainingBatch | None:
-        if not self.socket.poll(None if timeout is None else int(timeout * 1000)):
-            raise TimeoutError(f"no batch from {self.endpoint} after {timeout:.0f} s")
+        # a batch is usually moments away: stay quiet unless the wait gets long
+        wait = Wait(f"batch {step} from {self.endpoint}", logger, timeout, first_report_after=30)
+        while not self.socket.poll(int(1000 * min(1.0, timeout or 1.0))):
+            wait.check()  # raises TimeoutError past `timeout`
         batch = decode_batch(self.socket.recv(), self.endpoint)
         if batch.step == 0 and not batch.samples:
             return None

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from asyncrl.checkpoint.layout import complete_steps
+from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
 
@@ -84,6 +85,35 @@ def test_a_sigkilled_role_is_restarted_and_no_step_is_lost_or_repeated(
         assert f"goes back from weights version {served} to {checkpoint}" in orchestrator_log
     if role == "infer":  # the restarted server got the newest weights before any work
         assert "answers again, at weights version 0" in orchestrator_log
+
+
+@pytest.mark.parametrize("role", ["train", "infer"])
+def test_over_nccl_a_sigkilled_role_rejoins_a_rebuilt_weight_group(
+    tiny_model_dir: Path, tmp_path: Path, role: str
+) -> None:
+    """Weights go over torch.distributed (gloo here): the trainer forms the group again with
+    the restarted server and sends it the current weights; a restarted trainer forms a new
+    group that the live server joins, and sends it its checkpoint's weights."""
+    output = tmp_path / f"nccl-{role}"
+    config = rl_config(
+        tiny_model_dir, output, max_off_policy_steps=OFF_POLICY, ckpt={"interval": 2}
+    )
+    settings = yaml.safe_load(config.read_text())
+    settings["trainer"]["weight_broadcast"] = {"type": "nccl", "port": free_port(), "timeout": 120}
+    config.write_text(yaml.safe_dump(settings))
+    launcher = start_run(config)
+    wait_for_server_version(config, 3, launcher)
+    if role == "train":
+        served, checkpoint = stop_trainer_ahead_of_its_checkpoint(output, config, launcher)
+    os.kill(role_pid(output, role), signal.SIGKILL)
+    errors = finish_and_audit(launcher, output)
+    assert f"`asyncrl {role}` exited with code -9 (SIGKILL); restart 1 of 3" in errors
+    trainer_log = (output / "logs" / "train.log").read_text()
+    if role == "train":  # the server went back to the checkpoint's weights, sent over the wire
+        orchestrator_log = (output / "logs" / "orch.log").read_text()
+        assert f"went back from weights version {served} to {checkpoint}" in orchestrator_log
+    if role == "infer":
+        assert "forming the group again" in trainer_log
 
 
 def stop_trainer_ahead_of_its_checkpoint(

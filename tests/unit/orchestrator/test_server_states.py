@@ -43,5 +43,14 @@ def test_a_server_ahead_of_a_pushed_broadcast_keeps_its_weights() -> None:
 
 def test_a_server_back_takes_work_once_marked_up() -> None:
     pool = pool_with(("back", 4), ("down", 0))
-    pool.mark_up()
+    pool.mark_up(broadcast(4))
     assert [server.state for server in pool.servers] == ["up", "down"]
+
+
+def test_a_server_back_waits_for_weights_the_trainer_pushes_itself() -> None:
+    """Over NCCL the orchestrator cannot load weights into a restarted server: the trainer
+    sends them once it lets the server back into its group."""
+    pool = pool_with(("back", 0), ("back", 5), ("up", 5))
+    pool.mark_up(broadcast(5, pushed=True))
+    assert [server.state for server in pool.servers] == ["back", "up", "up"]
+    assert pool.oldest_version() == 5
