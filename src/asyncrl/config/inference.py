@@ -96,7 +96,10 @@ class InferenceConfig(StrictModel):
     max_loras: int = Field(8, ge=1, description="LoRA adapters loaded at once.")
     max_cpu_loras: int = Field(100, ge=1, description="LoRA adapters cached on CPU.")
     enable_prefix_caching: bool | None = Field(
-        None, description="Enable prefix caching (null = the engine's default)."
+        None,
+        description="Keep finished sequences' keys and values for later requests that begin "
+        "with the same tokens (a conversation's next turn). null = the engine's default: off "
+        "in the embedded engine, on in vLLM.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights and KV cache."

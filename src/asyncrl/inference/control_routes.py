@@ -1,6 +1,6 @@
 """The routes that run the server rather than generate: health and identity, weight and adapter
-loading, pause and resume, metrics. They follow vLLM's (and its RL extensions') paths, so the
-orchestrator drives every engine the same way."""
+loading, pause and resume, the prefix cache, metrics. They follow vLLM's (and its RL
+extensions') paths, so the orchestrator drives every engine the same way."""
 
 from __future__ import annotations
 
@@ -89,6 +89,12 @@ def control_router(served: ServedModel) -> APIRouter:
     @router.get("/is_paused")
     async def is_paused() -> dict[str, bool]:
         return {"is_paused": engine.is_paused}
+
+    @router.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict[str, bool]:
+        """vLLM's route: drop every cached prefix (a weight change does it by itself)."""
+        await asyncio.to_thread(engine.run_exclusive, engine.forget_prefixes)
+        return {"reset": True}
 
     return router
 

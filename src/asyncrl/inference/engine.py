@@ -15,7 +15,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -23,60 +22,14 @@ from transformers import PreTrainedTokenizerBase
 
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.kv_cache import SlotKVCache
+from asyncrl.inference.prefill_plan import prefill_groups, share_prompts
+from asyncrl.inference.prefix_cache import PrefixCache
 from asyncrl.inference.sampling import SampleResult, SamplingParams, SequenceView, sample
+from asyncrl.inference.sequences import Request, Sequence, completion_output
 from asyncrl.log import get_logger
 from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
-
-
-@dataclass
-class CompletionOutput:
-    index: int
-    token_ids: list[int]
-    text: str
-    logprobs: list[float]
-    top_logprobs: list[list[tuple[int, float]]]
-    finish_reason: str  # "stop" | "length" | "abort"
-    stop_reason: str | int | None
-    policy_versions: list[int]  # weights version in effect when each token was sampled
-
-
-@dataclass(eq=False)  # identity: sequences are compared and removed in the hot loop
-class Sequence:
-    request: Request
-    index: int
-    generator: torch.Generator | None
-    slot: int | None = None
-    output_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    text: str = ""
-
-    @property
-    def prefill_len(self) -> int:
-        """Tokens a prefill runs: the prompt, plus the outputs of a sequence preempted by
-        `Engine.sleep` (their keys and values were freed)."""
-        return len(self.request.prompt_ids) + len(self.output_ids)
-
-    @property
-    def cached_len(self) -> int:
-        """Tokens whose keys/values are in the cache: the prompt and all outputs but the last."""
-        return len(self.request.prompt_ids) + max(0, len(self.output_ids) - 1)
-
-
-@dataclass(eq=False)
-class Request:
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    n: int
-    done: Future[list[CompletionOutput]]
-    sequences: list[Sequence] = field(default_factory=list)
-    arrival: float = field(default_factory=time.monotonic)
 
 
 class Engine:
@@ -89,9 +42,11 @@ class Engine:
         max_model_len: int,
         max_num_batched_tokens: int = 8192,
         share_prompts: bool = True,
+        prefix_caching: bool = False,
     ) -> None:
         """`share_prompts`: a request's n sequences prefill its prompt once (off: n times, for
-        comparison)."""
+        comparison). `prefix_caching`: finished sequences' keys and values serve later requests
+        that begin with the same tokens (`prefix_cache.py`)."""
         self.model = model.eval()
         self.share_prompts = share_prompts
         self.tokenizer = tokenizer
@@ -113,6 +68,7 @@ class Engine:
             dtype=next(model.parameters()).dtype,
             device=self.device,
         )
+        self.prefix_cache = PrefixCache(self.cache) if prefix_caching else None
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
@@ -201,12 +157,13 @@ class Engine:
         self.pause("keep")
 
         def preempt_and_free() -> int:
+            self.forget_prefixes()
             with self._condition:
                 preempted = [s for s in self._running if s.finish_reason is None]
                 for sequence in self._running:
                     if sequence.slot is not None:
                         self.cache.release(sequence.slot)
-                        sequence.slot = None
+                        sequence.slot, sequence.cached = None, 0
                 self._running.clear()
                 self._waiting.extendleft(reversed(preempted))
             return self.cache.release_memory()
@@ -217,6 +174,12 @@ class Engine:
         """Reallocate the KV cache and resume: preempted sequences are recomputed first."""
         self.run_exclusive(self.cache.reserve_memory)
         self.resume()
+
+    def forget_prefixes(self) -> None:
+        """Drop the prefix cache: on the engine thread (`run_exclusive`), whenever weights
+        change."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     @property
     def is_paused(self) -> bool:
@@ -282,9 +245,9 @@ class Engine:
         started = time.perf_counter()
         admitted = self._admit()
         produced = 0
-        if admitted:
-            self._forward(admitted, prefill=True)
-            produced += len(admitted)
+        for group in prefill_groups(admitted, self.max_model_len):
+            self._forward(group, prefill=True)
+        produced += len(admitted)
         new = {id(s) for s in admitted}
         decoding = [s for s in self._running if id(s) not in new and s.finish_reason is None]
         if decoding:
@@ -296,8 +259,10 @@ class Engine:
         """Move waiting sequences into free slots, up to the prefill token budget."""
         admitted: list[Sequence] = []
         budget = self.max_num_batched_tokens
+        requests: set[int] = set()  # a later sibling copies the prompt from the first one
+        cached = self.prefix_cache.entries if self.prefix_cache is not None else []
         with self._condition:
-            while self._waiting and self.cache.free_slots:
+            while self._waiting and (self.cache.free_slots or cached):
                 sequence = self._waiting[0]
                 if sequence.finish_reason is not None:
                     self._waiting.popleft()
@@ -306,23 +271,48 @@ class Engine:
                 if admitted and cost > budget:
                     break
                 self._waiting.popleft()
-                sequence.slot = self.cache.allocate()
+                sibling = self.share_prompts and not sequence.output_ids and (
+                    id(sequence.request) in requests
+                )  # fmt: skip
+                requests.add(id(sequence.request))
+                sequence.slot = self._slot_for(sequence, look_up=not sibling)
                 self._running.append(sequence)
                 admitted.append(sequence)
-                budget -= cost
+                budget -= sequence.prefill_len
         return admitted
+
+    def _slot_for(self, sequence: Sequence, look_up: bool) -> int:
+        """A slot for `sequence`, holding the longest cached prefix of its tokens if any
+        (`sequence.cached`); the least recently used cache entry makes room when none is free."""
+        sequence.cached = 0  # a sequence preempted by a sleep had its cached keys freed
+        prefixes = self.prefix_cache
+        if prefixes is None:
+            return self.cache.allocate()
+        found = prefixes.match(sequence.token_ids, self.weight_version) if look_up else None
+        if found is None:
+            if not self.cache.free_slots:
+                prefixes.evict_one()
+            return self.cache.allocate()
+        entry, length = found
+        sequence.cached = length
+        prefixes.hit_tokens += length
+        if not self.cache.free_slots:
+            return prefixes.take(entry)
+        slot = self.cache.allocate()
+        self.cache.copy_prefix(entry.slot, slot, length)
+        return slot
 
     def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
         # a request's n fresh sequences share its prompt: one of them runs it, the others get
         # a copy of its keys and values and sample from its last logits (`source`)
         shares = prefill and self.share_prompts
         run, source = share_prompts(sequences) if shares else (sequences, None)
-        if prefill:  # the prompt, and for a preempted sequence its tokens so far
+        if prefill:  # the prompt (and a preempted sequence's tokens) after any cached prefix
             lengths = [s.prefill_len for s in run]
             width = max(lengths)
-            rows = [s.request.prompt_ids + s.output_ids + [0] * (width - length) for s, length in
+            rows = [s.token_ids[s.cached :] + [0] * (width - length) for s, length in
                     zip(run, lengths, strict=True)]  # fmt: skip
-            starts = [0] * len(run)
+            starts = [s.cached for s in run]
         else:
             lengths = [1] * len(run)
             width = 1
@@ -342,7 +332,7 @@ class Engine:
         if source is not None and len(run) < len(sequences):
             for sequence, row in zip(sequences, source, strict=True):
                 if sequence is not run[row] and sequence.slot is not None:
-                    shared = sequence.prefill_len
+                    shared = len(sequence.request.prompt_ids)
                     self.cache.copy_prefix(slots[row], sequence.slot, shared)  # type: ignore[arg-type]
             step_logits = step_logits[torch.tensor(source, device=self.device)]
         self.stats.prefill_tokens += sum(lengths) if prefill else 0
@@ -431,6 +421,18 @@ class Engine:
             return self._finish(sequence, "length")
         return None
 
+    def _leave_slot(self, sequence: Sequence) -> None:
+        """A finished sequence's slot goes to the prefix cache when its keys and values all
+        come from the weights in place (and it was not aborted); else it is freed."""
+        assert sequence.slot is not None
+        prefixes = self.prefix_cache
+        current = set(sequence.versions) == {self.weight_version}
+        if prefixes is not None and sequence.finish_reason != "abort" and current:
+            kept = sequence.token_ids[: sequence.cached_len]
+            prefixes.keep(sequence.slot, kept, self.weight_version)
+        else:
+            self.cache.release(sequence.slot)
+
     def _finish(
         self,
         sequence: Sequence,
@@ -447,32 +449,12 @@ class Engine:
         if sequence in self._running:
             self._running.remove(sequence)
         if sequence.slot is not None:
-            self.cache.release(sequence.slot)
+            self._leave_slot(sequence)
             sequence.slot = None
         request = sequence.request
         if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
-            request.done.set_result([_output(s) for s in request.sequences])
+            request.done.set_result([completion_output(s) for s in request.sequences])
         self._condition.notify_all()
-
-
-def share_prompts(sequences: list[Sequence]) -> tuple[list[Sequence], list[int]]:
-    """The sequences a prefill runs (one per request among its fresh sequences; a preempted
-    sequence, with tokens of its own, runs alone) and, for every sequence, the run row whose
-    prompt it shares."""
-    run: list[Sequence] = []
-    source: list[int] = []
-    leaders: dict[int, int] = {}
-    for sequence in sequences:
-        shares = not sequence.output_ids
-        key = id(sequence.request)
-        if shares and key in leaders:
-            source.append(leaders[key])
-            continue
-        if shares:
-            leaders[key] = len(run)
-        source.append(len(run))
-        run.append(sequence)
-    return run, source
 
 
 def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
@@ -482,16 +464,3 @@ def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtyp
     values = values.cpu()
     missing = width - values.shape[1]
     return torch.nn.functional.pad(values, (0, missing), value=fill) if missing else values
-
-
-def _output(sequence: Sequence) -> CompletionOutput:
-    return CompletionOutput(
-        index=sequence.index,
-        token_ids=list(sequence.output_ids),
-        text=sequence.text,
-        logprobs=list(sequence.logprobs),
-        top_logprobs=list(sequence.top_logprobs),
-        finish_reason=sequence.finish_reason or "abort",
-        stop_reason=sequence.stop_reason,
-        policy_versions=list(sequence.versions),
-    )

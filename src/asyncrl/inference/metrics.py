@@ -8,6 +8,9 @@ from asyncrl.inference.engine import Engine
 def render_metrics(engine: Engine, model_name: str) -> str:
     running, waiting = engine.load()
     cache = engine.cache
+    prefixes = engine.prefix_cache
+    cached = len(prefixes.entries) if prefixes is not None else 0
+    hits = prefixes.hit_tokens if prefixes is not None else 0
     label = f'{{model_name="{model_name}"}}'
     lines = [
         "# HELP asyncrl:generation_tokens_total Tokens generated since start.",
@@ -22,9 +25,15 @@ def render_metrics(engine: Engine, model_name: str) -> str:
         "# HELP asyncrl:num_requests_waiting Sequences waiting for a slot (or for resume).",
         "# TYPE asyncrl:num_requests_waiting gauge",
         f"asyncrl:num_requests_waiting{label} {waiting}",
-        "# HELP asyncrl:kv_cache_usage_perc Fraction of KV cache slots in use.",
+        "# HELP asyncrl:kv_cache_usage_perc Fraction of KV cache slots running sequences hold.",
         "# TYPE asyncrl:kv_cache_usage_perc gauge",
-        f"asyncrl:kv_cache_usage_perc{label} {cache.used_slots / cache.num_slots:.4f}",
+        f"asyncrl:kv_cache_usage_perc{label} {(cache.used_slots - cached) / cache.num_slots:.4f}",
+        "# HELP asyncrl:prefix_cache_entries Slots holding a finished sequence's prefix.",
+        "# TYPE asyncrl:prefix_cache_entries gauge",
+        f"asyncrl:prefix_cache_entries{label} {cached}",
+        "# HELP asyncrl:prefix_cache_hit_tokens_total Prompt tokens not prefilled: cached.",
+        "# TYPE asyncrl:prefix_cache_hit_tokens_total counter",
+        f"asyncrl:prefix_cache_hit_tokens_total{label} {hits}",
         "# HELP asyncrl:is_paused 1 while generation is paused.",
         "# TYPE asyncrl:is_paused gauge",
         f"asyncrl:is_paused{label} {int(engine.is_paused)}",

@@ -19,9 +19,9 @@ from fastapi.responses import JSONResponse
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference import protocol
 from asyncrl.inference.api_errors import APIError
-from asyncrl.inference.engine import CompletionOutput
 from asyncrl.inference.prompt_encoder import PromptEncoder
 from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sequences import CompletionOutput
 from asyncrl.inference.served_model import ServedModel
 
 DISCONNECT_POLL = 0.5  # seconds between checks that the client is still there

@@ -15,8 +15,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-from asyncrl.inference.engine import CompletionOutput
 from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sequences import CompletionOutput
 
 MIN_TEMPERATURE = 1e-2  # below it (but above 0) logits / T overflow; vLLM clamps here too
 TokenId = Annotated[StrictInt, Field(ge=0)]

@@ -160,6 +160,7 @@ class ServedModel:
     def _set(self, version: int, weight_dir: str | None) -> None:
         """Called on the engine thread, between steps: tokens sampled from now on carry it."""
         self.engine.weight_version = version
+        self.engine.forget_prefixes()  # keys and values of the old weights
         fingerprint = self._compute_fingerprint()
         with self._lock:
             self._version = version

@@ -57,6 +57,7 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         max_num_seqs=config.max_num_seqs,
         max_model_len=max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
+        prefix_caching=bool(config.enable_prefix_caching),
     )
     return ServedModel(
         engine,

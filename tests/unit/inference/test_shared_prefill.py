@@ -10,8 +10,10 @@ from concurrent.futures import Future
 import pytest
 import torch
 
-from asyncrl.inference.engine import Engine, Request, Sequence, share_prompts
+from asyncrl.inference.engine import Engine
+from asyncrl.inference.prefill_plan import share_prompts
 from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sequences import Request, Sequence
 
 PROMPT = [70, 71, 72, 73, 74, 75, 76, 77, 78]
 N = 4

@@ -1,0 +1,78 @@
+"""What the engine tracks per request and per sequence, and what it hands back."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from asyncrl.inference.sampling import SamplingParams
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    finish_reason: str  # "stop" | "length" | "abort"
+    stop_reason: str | int | None
+    policy_versions: list[int]  # weights version in effect when each token was sampled
+
+
+@dataclass(eq=False)  # identity: sequences are compared and removed in the hot loop
+class Sequence:
+    request: Request
+    index: int
+    generator: torch.Generator | None
+    slot: int | None = None
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+    text: str = ""
+    cached: int = 0  # leading tokens whose keys and values came from the prefix cache
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.request.prompt_ids + self.output_ids
+
+    @property
+    def prefill_len(self) -> int:
+        """Tokens a prefill runs: the prompt, plus the outputs of a sequence preempted by
+        `Engine.sleep` (their keys and values were freed), less what the prefix cache gave."""
+        return len(self.request.prompt_ids) + len(self.output_ids) - self.cached
+
+    @property
+    def cached_len(self) -> int:
+        """Tokens whose keys/values are in the cache: the prompt and all outputs but the last."""
+        return len(self.request.prompt_ids) + max(0, len(self.output_ids) - 1)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int
+    done: Future[list[CompletionOutput]]
+    sequences: list[Sequence] = field(default_factory=list)
+    arrival: float = field(default_factory=time.monotonic)
+
+
+def completion_output(sequence: Sequence) -> CompletionOutput:
+    return CompletionOutput(
+        index=sequence.index,
+        token_ids=list(sequence.output_ids),
+        text=sequence.text,
+        logprobs=list(sequence.logprobs),
+        top_logprobs=list(sequence.top_logprobs),
+        finish_reason=sequence.finish_reason or "abort",
+        stop_reason=sequence.stop_reason,
+        policy_versions=list(sequence.versions),
+    )
