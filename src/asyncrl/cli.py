@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from asyncrl import __version__
 from asyncrl.config.base import ConfigError
+from asyncrl.config.env_server import EnvServerConfig
 from asyncrl.config.eval import EvalRunConfig
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.init_model import InitModelConfig
@@ -46,6 +47,12 @@ def _infer(config: Any) -> None:
     from asyncrl.inference.server import serve
 
     serve(config)
+
+
+def _env_server(config: Any) -> None:
+    from asyncrl.envs.server import run_env_server
+
+    run_env_server(config)
 
 
 def _orch(config: Any) -> None:
@@ -107,6 +114,11 @@ COMMANDS: dict[str, Command] = {
     ),
     "train": Command("GRPO trainer.", TrainerConfig, _train),
     "rl": Command("Inference, orchestrator and trainer together.", RLConfig, _rl),
+    "env-server": Command(
+        "Serve an environment to orchestrators elsewhere (env[].address).",
+        EnvServerConfig,
+        _env_server,
+    ),
 }
 
 

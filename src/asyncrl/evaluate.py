@@ -4,7 +4,8 @@ A model is a Hugging Face directory, an RL broadcast (full weights, or a LoRA ad
 onto its base here), or a run directory, which stands for every broadcast it holds: one call
 scores a run's checkpoints and prints a table. Generation is a plain batched `model.generate`
 in this process, enough for the tiny models the quick start uses and independent of any
-server. The records are those of online evaluation (`monitor/eval_records.py`).
+server; a multi-turn environment's episodes are played here too (`play_episodes.py`). The
+records are those of online evaluation (`monitor/eval_records.py`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,14 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.eval import EvalRunConfig
 from asyncrl.envs import Environment, Example, load_environment, score
+from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.log import get_logger
 from asyncrl.monitor.eval_records import summarize
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.play_episodes import play_episodes
 from asyncrl.step_dirs import step_of
 from asyncrl.transport.broadcast import broadcasts_dir, stable_steps
 
@@ -96,6 +100,18 @@ def evaluate(
         for example in env.examples("eval", num_examples)
         for _ in range(rollouts_per_example)
     ]
+    if is_multi_turn(env):  # scored on whole episodes; a completion is the model's turns
+        episodes = play_episodes(
+            model, tokenizer, env, examples, max_tokens=max_tokens, temperature=temperature,
+            batch_size=batch_size, seed=seed,
+        )  # fmt: skip
+        rewards = [score(env, e, x) for e, x in zip(episodes, examples, strict=True)]
+        completions = [
+            "\n".join(m["content"] for m in episode if m["role"] == "assistant")
+            for episode in episodes
+        ]
+        model.train(was_training)
+        return EvalResult(statistics.fmean(rewards), rewards, completions)
     completions = generate_completions(
         model,
         tokenizer,
@@ -161,6 +177,8 @@ def load_policy(
 
 
 def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
+    if config.env.address is not None:
+        raise ConfigError("env.address: this command runs the environment here; leave it unset")
     env = load_environment(config.env.id, config.env.args)
     scored: list[ScoredModel] = []
     for name in models_to_score(config):

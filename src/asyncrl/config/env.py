@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import Field
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StrictModel
 
 
 class EnvConfig(StrictModel):
@@ -15,8 +15,12 @@ class EnvConfig(StrictModel):
     args: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for `load_environment`."
     )
-    address: str | None = planned(
+    address: str | None = Field(
         None,
-        "Address of an external environment server (null = load in process).",
-        feature="external environment servers",
+        description="URL of an `asyncrl env-server` serving this environment (null = load it "
+        "here); `id` and `args` are then the server's business.",
+    )
+    api_key_var: str = Field(
+        "ASYNCRL_ENV_API_KEY",
+        description="Environment variable with the API key of the environment server.",
     )

@@ -33,10 +33,11 @@ def split_of(key: str) -> Split:
 
 @dataclass(frozen=True)
 class RewardFunction:
-    """One term of a rubric: `function(completion, example) -> float`, weighted in the sum."""
+    """One term of a rubric: `function(completion, example) -> float`, weighted in the sum.
+    A multi-turn environment's terms get the episode's messages instead of a completion."""
 
     name: str
-    function: Callable[[str, Example], float]
+    function: Callable[[Any, Example], float]
     weight: float = 1.0
 
 
@@ -54,7 +55,8 @@ def rubric_reward(values: dict[str, float], rubric: list[RewardFunction]) -> flo
     return sum(term.weight * values.get(term.name, 0.0) for term in rubric)
 
 
-def score(env: Environment, completion: str, example: Example) -> float:
-    """The rubric reward of one completion, in this process (evaluation, tests)."""
+def score(env: Environment, completion: str | Messages, example: Example) -> float:
+    """The rubric reward of one completion (of a multi-turn episode: its messages), in this
+    process (evaluation, tests)."""
     values = {term.name: float(term.function(completion, example)) for term in env.rubric}
     return rubric_reward(values, env.rubric)

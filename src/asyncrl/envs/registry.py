@@ -8,7 +8,15 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.config.base import ConfigError
-from asyncrl.envs import arithmetic, countdown, jsonl_dataset, math_answers, reverse_text
+from asyncrl.envs import (
+    arithmetic,
+    calculator,
+    countdown,
+    guess_number,
+    jsonl_dataset,
+    math_answers,
+    reverse_text,
+)
 from asyncrl.envs.base import Environment
 
 BUILTIN: dict[str, Callable[..., Any]] = {
@@ -17,6 +25,8 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "countdown": countdown.load_environment,
     "math": math_answers.load_environment,
     "jsonl": jsonl_dataset.load_environment,
+    "guess-number": guess_number.load_environment,
+    "calculator": calculator.load_environment,
 }
 
 

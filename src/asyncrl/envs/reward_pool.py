@@ -4,7 +4,8 @@ A reward that raises or returns NaN gives 0 for its term. A rollout scores 0 whe
 not finite or beyond ±`MAX_ABS_REWARD`, when its reward hangs past `timeout`, or when its
 worker dies (memory or CPU limit) or answers something undecodable; the worker is then killed
 with everything it started (its own session) and replaced. Every failure is counted; the first
-message of each kind is logged, later ones only counted.
+message of each kind is logged, later ones only counted. The same workers answer a multi-turn
+environment's turns, under the same timeout and limits: a failed turn ends its episode.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import signal
 import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from asyncrl.envs.base import Example, RewardFunction, rubric_reward
+from asyncrl.envs.base import Example, Messages, RewardFunction, rubric_reward
+from asyncrl.envs.multi_turn import Reply
+from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
@@ -45,6 +48,32 @@ class WorkerFailed(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind  # the failure counter it adds to
+
+
+class EnvironmentPool(Protocol):
+    """Where an environment's code runs for the orchestrator: this machine's worker processes
+    (`RewardPool`) or an env-server's (`remote.RemotePool`)."""
+
+    rubric: list[RewardFunction]
+    failures: Counter[str]
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def score(
+        self, completion: str | Messages, example: Example, steps: bool = False
+    ) -> RewardResult: ...
+
+    async def respond(self, messages: Messages, example: Example) -> Reply: ...
+
+
+class EnvironmentFailed(Exception):
+    """A multi-turn environment gave no usable answer to a turn (raised, hung, died)."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class _Worker:
@@ -123,7 +152,7 @@ class RewardPool:
             raise WorkerFailed("worker_died", f"reward worker exited ({describe_exit(code)})")
         try:
             answer = json.loads(line)
-            if not isinstance(answer, dict) or not isinstance(answer.get("values"), dict):
+            if not isinstance(answer, dict):
                 raise ValueError(f"not an answer: {line[:200]!r}")
         except ValueError as error:  # JSONDecodeError is a ValueError
             raise WorkerFailed(
@@ -131,19 +160,55 @@ class RewardPool:
             ) from error
         return answer
 
-    async def score(self, completion: str, example: Example, steps: bool = False) -> RewardResult:
-        worker = await self._idle.get()
-        if worker.stale:
-            worker = await self._replace(worker)
-        task = json.dumps({"completion": completion, "example": asdict(example), "steps": steps})
+    async def score(
+        self, completion: str | Messages, example: Example, steps: bool = False
+    ) -> RewardResult:
+        """The rubric reward of a completion, or of a multi-turn episode's messages."""
+        key = "messages" if isinstance(completion, list) else "completion"
+        task = {key: completion, "example": asdict(example), "steps": steps}
         try:
-            answer = await self._ask(worker, task.encode() + b"\n")
+            answer = await self._run(task)
         except WorkerFailed as failure:
-            worker = await self._replace(worker)
-            self.failures[failure.kind] += 1
             self._log_once(failure.kind, f"{failure}; the rollout scores 0")
             zeros = {term.name: 0.0 for term in self.rubric}
             return RewardResult(0.0, zeros, lost=failure.kind)
+        if not isinstance(answer.get("values"), dict):
+            self.failures["worker_protocol"] += 1
+            return RewardResult(
+                0.0, {term.name: 0.0 for term in self.rubric}, lost="worker_protocol"
+            )
+        return self._result(answer)
+
+    async def respond(self, messages: Messages, example: Example) -> Reply:
+        """A multi-turn environment's answer to the last model turn, within `timeout`.
+        Raises `EnvironmentFailed` (counted as `env_<kind>`) when it raised, hung, died or
+        answered something that is not a reply: that episode ends, the run goes on."""
+        task = {"kind": "respond", "messages": messages, "example": asdict(example)}
+        try:
+            answer = await self._run(task, prefix="env_")
+        except WorkerFailed as failure:
+            raise EnvironmentFailed(failure.kind, str(failure)) from None
+        if "error" in answer:
+            self.failures["env_error"] += 1
+            self._log_once(
+                "env_error", f"an environment failed to answer a turn:\n{answer['error']}"
+            )
+            raise EnvironmentFailed("error", str(answer["error"])[-2000:])
+        calls = [ToolCallRecord(str(tool), str(error)) for tool, error in answer["tool_calls"]]
+        return Reply(list(answer["messages"]), bool(answer["done"]), calls)
+
+    async def _run(self, task: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        """One task on an idle worker; a worker that fails it is replaced and the failure
+        counted (as `<prefix><kind>`) before `WorkerFailed` is raised."""
+        worker = await self._idle.get()
+        if worker.stale:
+            worker = await self._replace(worker)
+        try:
+            return await self._ask(worker, json.dumps(task).encode() + b"\n")
+        except WorkerFailed as failure:
+            worker = await self._replace(worker)
+            self.failures[prefix + failure.kind] += 1
+            raise
         except asyncio.CancelledError:
             # its answer may still arrive and would be read as the next task's: never reuse it
             # (killed now, replaced by its next user: nothing is spawned while shutting down)
@@ -153,7 +218,6 @@ class RewardPool:
             raise
         finally:
             await self._idle.put(worker)
-        return self._result(answer)
 
     def _result(self, answer: dict[str, Any]) -> RewardResult:
         errors: dict[str, str] = answer.get("errors") or {}

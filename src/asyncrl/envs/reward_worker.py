@@ -8,7 +8,8 @@ is guarded on its own: an exception or a non-finite value gives that term 0 and 
 traceback. `memory_limit` (GiB of
 address space) holds for the worker and its subprocesses; with `cpu_limit` each task may use
 that many CPU seconds (RLIMIT_CPU, moved forward before each task): past either the kernel
-ends the worker and the pool scores the rollout as failed.
+ends the worker and the pool scores the rollout as failed. For a multi-turn environment a
+task may also ask for its answer to a model turn (`"kind": "respond"`), under the same limits.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import os
 import resource
 import sys
 import traceback
-from typing import TextIO
+from typing import Any, TextIO
 
 from asyncrl.envs.base import Example
+from asyncrl.envs.multi_turn import reply_problems
 from asyncrl.envs.registry import load_environment
 
 
@@ -64,30 +66,53 @@ def main() -> None:
         task = json.loads(line)
         allow_cpu_seconds(spec.get("cpu_limit"))
         example = Example(**task["example"])
-        values: dict[str, float] = {}
-        errors: dict[str, str] = {}
-        for term in env.rubric:
-            try:
-                value = float(term.function(task["completion"], example))
-                if not math.isfinite(value):
-                    raise ValueError(f"reward function `{term.name}` returned {value}")
-                values[term.name] = value
-            except Exception:  # the user's reward code: any failure costs this term only
-                values[term.name] = 0.0
-                errors[term.name] = traceback.format_exc()
-        steps: list[list[float]] = []
-        if task.get("steps") and hasattr(env, "step_rewards"):
-            try:
-                steps = [
-                    [int(end), float(r)] for end, r in env.step_rewards(task["completion"], example)
-                ]
-                if not all(math.isfinite(r) for _, r in steps):
-                    raise ValueError("step_rewards returned a non-finite reward")
-            except Exception:  # the user's code again: no steps means no process advantage
-                steps = []
-                errors["step_rewards"] = traceback.format_exc()
-        channel.write(json.dumps({"values": values, "errors": errors, "steps": steps}) + "\n")
+        answer = (
+            respond(env, task, example)
+            if task.get("kind") == "respond"
+            else score(env, task, example)
+        )
+        channel.write(json.dumps(answer) + "\n")
         channel.flush()
+
+
+def score(env: Any, task: dict[str, Any], example: Example) -> dict[str, Any]:
+    """Each rubric term's value of a completion (single-turn) or of a whole episode's
+    messages (multi-turn), and the per-step rewards the task asks for."""
+    scored = task["messages"] if "messages" in task else task["completion"]
+    values: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for term in env.rubric:
+        try:
+            value = float(term.function(scored, example))
+            if not math.isfinite(value):
+                raise ValueError(f"reward function `{term.name}` returned {value}")
+            values[term.name] = value
+        except Exception:  # the user's reward code: any failure costs this term only
+            values[term.name] = 0.0
+            errors[term.name] = traceback.format_exc()
+    steps: list[list[float]] = []
+    if task.get("steps") and hasattr(env, "step_rewards"):
+        try:
+            steps = [[int(end), float(r)] for end, r in env.step_rewards(scored, example)]
+            if not all(math.isfinite(r) for _, r in steps):
+                raise ValueError("step_rewards returned a non-finite reward")
+        except Exception:  # the user's code again: no steps means no process advantage
+            steps = []
+            errors["step_rewards"] = traceback.format_exc()
+    return {"values": values, "errors": errors, "steps": steps}
+
+
+def respond(env: Any, task: dict[str, Any], example: Example) -> dict[str, Any]:
+    """A multi-turn environment's answer to the last model turn, or the reason it has none."""
+    try:
+        reply = env.respond(task["messages"], example)
+        problem = reply_problems(reply)
+    except Exception:  # the environment's code: its failure ends this episode only
+        return {"error": traceback.format_exc()}
+    if problem is not None:
+        return {"error": problem}
+    calls = [[record.tool, record.error] for record in reply.tool_calls]
+    return {"messages": reply.messages, "done": reply.done, "tool_calls": calls}
 
 
 if __name__ == "__main__":

@@ -169,10 +169,11 @@ class ClientPool:
         return min(up, key=lambda server: server.in_flight)
 
     async def generate_anywhere(
-        self, route: str, body: dict[str, Any], cost: int
+        self, route: str, body: dict[str, Any], cost: int, prefer: Server | None = None
     ) -> tuple[Server, dict[str, Any]]:
-        """`generate` on the least-loaded server that is up; when a server goes down midway the
-        request goes to another, or waits until one is back (`client.startup_timeout`)."""
+        """`generate` on `prefer` while it is up (an episode's next turn goes where its prefix
+        is cached), else on the least-loaded server that is up; when a server goes down midway
+        the request goes to another, or waits until one is back (`client.startup_timeout`)."""
         wait: Wait | None = None
         while True:
             if not any(server.state == "up" for server in self.servers):
@@ -184,7 +185,7 @@ class ClientPool:
                     raise InferenceUnavailable(f"every server is down: {error}") from None
                 await asyncio.sleep(0.2)
                 continue
-            server = self.least_loaded()
+            server = prefer if prefer is not None and prefer.state == "up" else self.least_loaded()
             try:
                 return server, await self.generate(server, route, body, cost)
             except ServerDown:

@@ -14,16 +14,19 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from asyncrl.config.orchestrator import EvalConfig, SamplingConfig
+from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig, SamplingConfig
 from asyncrl.envs.base import Example
-from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.envs.reward_pool import EnvironmentPool
 from asyncrl.log import get_logger
 from asyncrl.monitor.eval_records import summarize
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.episode import EpisodeSetting, run_episode_group
+from asyncrl.orchestrator.rollout import GroupRequest
 
 logger = get_logger(__name__)
 
@@ -34,7 +37,8 @@ class EvalTarget:
 
     name: str
     examples: list[Example]
-    rewards: RewardPool
+    rewards: EnvironmentPool
+    episodes: EpisodeSetting | None = None  # a multi-turn environment's, with eval sampling
 
 
 @dataclass(frozen=True)
@@ -129,12 +133,56 @@ class OnlineEval:
         self, target: EvalTarget, example: Example, launch_version: int
     ) -> list[tuple[float, list[int]]]:
         """(reward, token versions) of each of the k samples of one example."""
+        if target.episodes is not None:
+            return await self._episodes(target, target.episodes, example, launch_version)
         route, body = self._request(example)
         async with self.limit:
             _, response = await self.clients.generate_anywhere(route, body, cost=body["n"])
         samples = [_sample(choice, launch_version) for choice in response["choices"]]
         scored = await asyncio.gather(*(target.rewards.score(s.text, example) for s in samples))
         return [(r.reward, s.versions) for r, s in zip(scored, samples, strict=True)]
+
+    async def _episodes(
+        self, target: EvalTarget, setting: EpisodeSetting, example: Example, launch_version: int
+    ) -> list[tuple[float, list[int]]]:
+        """A multi-turn environment's k episodes, played as in training (`episode.py`)."""
+        sampling = self.config.sampling
+        seed = None if sampling.seed is None else sampling.seed + example.example_id
+        request = GroupRequest(
+            Drawn(0, example), target.name, self.model_name(), sampling.temperature, seed,
+            launch_version,
+        )  # fmt: skip
+        async with self.limit:
+            group = await run_episode_group(request, setting, vocab_size=0)
+        return [
+            (reward, [v for v, m in zip(s.policy_versions, s.completion_mask, strict=True) if m])
+            for reward, s in zip(group.rewards, group.samples, strict=True)
+        ]
+
+    @staticmethod
+    def episode_setting(
+        config: EvalConfig, training: OrchestratorConfig, setting: EpisodeSetting
+    ) -> EpisodeSetting:
+        """`setting` (the training one) with the eval's sampling and k, no filters, and always
+        scored."""
+        sampling = training.sampling.model_copy(
+            update={
+                "temperature": config.sampling.temperature,
+                "top_p": config.sampling.top_p,
+                "max_tokens": config.sampling.max_tokens or training.sampling.max_tokens,
+                "temp_scheduler": None,
+            }
+        )
+        evaluation = training.model_copy(
+            update={
+                "rollouts_per_example": config.rollouts_per_example,
+                "sampling": sampling,
+                "filters": [],
+                "mask_truncated_completions": False,
+                "buffer": training.buffer.model_copy(update={"skip_verification": False}),
+            }
+        )
+        return replace(setting, config=evaluation)
 
     def _request(self, example: Example) -> tuple[str, dict[str, Any]]:
         sampling = self.config.sampling

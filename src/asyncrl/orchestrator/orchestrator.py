@@ -30,8 +30,10 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
-from asyncrl.envs import Environment, load_environment
-from asyncrl.envs.reward_pool import RewardPool
+from asyncrl.envs import Environment
+from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
+from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
@@ -39,6 +41,7 @@ from asyncrl.monitor.samples import samples_path
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import ChatTemplate
+from asyncrl.orchestrator.episode import EpisodeSetting, episode_tokens, run_episode_group
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.step_metrics import batch_metrics
@@ -65,7 +68,7 @@ class Orchestrator:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
         self.run_dir = Path(config.output_dir)
-        self.envs = [load_environment(env.id, env.args) for env in config.env]
+        self.envs = [environment_of(env) for env in config.env]
         self.env_names = [env.name or env.id for env in config.env]
         model = config.model.name
         assert model is not None  # the config refuses a missing model.name
@@ -81,6 +84,12 @@ class Orchestrator:
         )
         self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
         self.clients = ClientPool(config.client, chat_prompt_ids=chat_template(tokenizer))
+        eval_specs = config.eval.env if config.eval else []
+        self.eval_envs = [environment_of(spec) for spec in eval_specs]
+        self.episode_tokens = episode_tokens(
+            [*self.envs, *self.eval_envs], [*self.env_names, *(s.name or s.id for s in eval_specs)],
+            tokenizer, config,
+        )  # fmt: skip
         self.rewards = [
             self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]
@@ -88,10 +97,18 @@ class Orchestrator:
         self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")
         self.evaluator: OnlineEval | None = None  # made in `run`, once the resume step is known
         self.seeds = itertools.count()
+        # dr_grpo's constant normaliser: the tokens a rollout may generate (an episode's turns
+        # together may fill `seq_len`)
+        self.generation_budget = (
+            config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
+        )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
 
-    def reward_pool(self, env: EnvConfig, loaded: Environment) -> RewardPool:
+    def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
+        """Worker processes running the environment's code here, or its env-server's."""
         config = self.config
+        if isinstance(loaded, RemoteEnvironment):
+            return RemotePool(loaded, config.reward_timeout)
         return RewardPool(
             env.id,
             env.args,
@@ -105,15 +122,34 @@ class Orchestrator:
     def eval_targets_of(self, eval_config: EvalConfig) -> list[EvalTarget]:
         """The held-out split of every training environment, then the eval-only ones."""
         count = eval_config.num_examples
-        targets = [
-            EvalTarget(name, env.examples("eval", count), pool)
-            for name, env, pool in zip(self.env_names, self.envs, self.rewards, strict=True)
+        named = [
+            *zip(self.env_names, self.envs, self.rewards, strict=True),
+            *(
+                (spec.name or spec.id, env, self.reward_pool(spec, env))
+                for spec, env in zip(eval_config.env, self.eval_envs, strict=True)
+            ),
         ]
-        for spec in eval_config.env:
-            env = load_environment(spec.id, spec.args)
-            pool = self.reward_pool(spec, env)
-            targets.append(EvalTarget(spec.name or spec.id, env.examples("eval", count), pool))
-        return targets
+        return [
+            EvalTarget(
+                name, env.examples("eval", count), pool, self.episodes(env, pool, eval_config)
+            )
+            for name, env, pool in named
+        ]
+
+    def episodes(
+        self, env: Environment, pool: EnvironmentPool, evaluation: EvalConfig | None = None
+    ) -> EpisodeSetting | None:
+        """How a multi-turn environment's episodes are played (None for a single-turn one):
+        with the training settings, or with `evaluation`'s sampling."""
+        if not is_multi_turn(env):
+            return None
+        assert self.episode_tokens is not None  # made when any environment is multi-turn
+        setting = EpisodeSetting(
+            self.config, self.clients, pool, self.episode_tokens, env.max_turns
+        )
+        if evaluation is None:
+            return setting
+        return OnlineEval.episode_setting(evaluation, self.config, setting)
 
     async def run(self) -> None:
         config = self.config
@@ -164,7 +200,7 @@ class Orchestrator:
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
-                batch = TrainingBatch(step, samples, config.sampling.max_tokens)
+                batch = TrainingBatch(step, samples, self.generation_budget)
                 await asyncio.to_thread(sender.send, batch)
                 logger.info(
                     "orchestrator: batch %d written (reward %.3f, servers at version %d)",
@@ -204,11 +240,14 @@ class Orchestrator:
             seed=None if seed is None else seed + next(self.seeds),
             launch_version=self.clients.oldest_version(),
         )
+        env, rewards = self.envs[drawn.env_index], self.rewards[drawn.env_index]
         try:
-            group = await run_group(
-                request, self.config, self.clients, self.rewards[drawn.env_index],
-                self.vocab_size, self.decode,
-            )  # fmt: skip
+            if (setting := self.episodes(env, rewards)) is not None:
+                group = await run_episode_group(request, setting, self.vocab_size)
+            else:
+                group = await run_group(
+                    request, self.config, self.clients, rewards, self.vocab_size, self.decode
+                )
         except GroupAborted as error:
             self.aborted_groups += 1
             logger.warning("orchestrator: a group is dropped: %s", error)

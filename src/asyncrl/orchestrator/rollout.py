@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from asyncrl.config.orchestrator import OrchestratorConfig
-from asyncrl.envs.reward_pool import RewardPool, RewardResult
+from asyncrl.envs.reward_pool import EnvironmentPool, RewardResult
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.client import ClientPool
@@ -33,6 +33,12 @@ class Group:
     reward_failures: int = 0
     aborted_retries: int = 0  # times the server aborted a completion and the group was redone
     finished_at: float = field(default_factory=time.monotonic)
+    # multi-turn episodes only (`episode.py`): how each ended, model turns, tokens per turn
+    episode_ends: Counter[str] = field(default_factory=Counter)
+    turns: list[int] = field(default_factory=list)
+    turn_lengths: list[int] = field(default_factory=list)
+    tool_calls: Counter[str] = field(default_factory=Counter)  # "<tool>", "<tool>/<error kind>"
+    cut_turns: int = 0  # model turns cut by max_tokens (the episode went on)
 
     @property
     def oldest_token_version(self) -> int:
@@ -126,7 +132,7 @@ async def run_group(
     request: GroupRequest,
     config: OrchestratorConfig,
     clients: ClientPool,
-    rewards: RewardPool,
+    rewards: EnvironmentPool,
     vocab_size: int,
     decode: Callable[[list[int]], str] | None = None,
     abort_retries: int = ABORT_RETRIES,
@@ -187,7 +193,7 @@ async def score(
     choices: list[Completion],
     request: GroupRequest,
     config: OrchestratorConfig,
-    rewards: RewardPool,
+    rewards: EnvironmentPool,
 ) -> list[RewardResult]:
     """Each completion's reward (and per-step rewards for process advantages); 0 for all with
     `buffer.skip_verification`."""

@@ -61,4 +61,35 @@ def batch_metrics(
         metrics[f"orchestrator/staleness/{bucket}/mean"] = statistics.fmean(lags)
         metrics[f"orchestrator/staleness/{bucket}/max"] = max(lags)
     metrics.update({f"orchestrator/dropped/{k}": v for k, v in drops.items()})
+    metrics.update(episode_metrics(groups))
+    return metrics
+
+
+def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:
+    """Multi-turn episodes: model turns per episode, tokens per turn, turns cut by max_tokens,
+    the fraction of episodes each way of ending took (done, max_turns, budget, env_<failure>…),
+    and tool
+    calls per tool and errors per tool and kind (unparseable, unknown_tool, bad_arguments,
+    timeout, raised) in the batch."""
+    turns = [n for g in groups for n in g.turns]
+    if not turns:
+        return {}
+    ends: Counter[str] = Counter()
+    for group in groups:
+        ends.update(group.episode_ends)
+    metrics = {
+        "orchestrator/episode/turns_mean": statistics.fmean(turns),
+        "orchestrator/episode/turns_max": max(turns),
+        "orchestrator/episode/turn_length_mean": statistics.fmean(
+            n for g in groups for n in g.turn_lengths
+        ),
+        "orchestrator/episode/cut_turns": sum(g.cut_turns for g in groups),
+    }
+    metrics.update({f"orchestrator/episode/ended_by/{k}": v / len(turns) for k, v in ends.items()})
+    calls: Counter[str] = Counter()
+    for group in groups:
+        calls.update(group.tool_calls)
+    for key, count in calls.items():  # calls per tool, and errors per tool and kind
+        name = f"calls/{key}" if "/" not in key else f"errors/{key}"
+        metrics[f"orchestrator/tools/{name}"] = count
     return metrics

@@ -1,10 +1,13 @@
-"""Turn an environment's (prompt, answer) pairs into chat-formatted training samples."""
+"""Turn an environment's (prompt, answer) pairs, or a multi-turn environment's demonstrated
+episodes, into chat-formatted training samples."""
 
 from __future__ import annotations
 
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.envs import Example
+from asyncrl.envs.base import Messages
+from asyncrl.envs.episode_tokens import EpisodeTokens
 from asyncrl.trainer.packing import Sample
 
 
@@ -19,3 +22,29 @@ def sft_sample(example: Example, tokenizer: PreTrainedTokenizerBase) -> Sample:
         input_ids=[*prompt_ids, *completion_ids],
         loss_mask=[False] * len(prompt_ids) + [True] * len(completion_ids),
     )
+
+
+def episode_sample(
+    messages: Messages, prompt_length: int, tokenizer: PreTrainedTokenizerBase
+) -> Sample:
+    """A demonstrated episode (the first `prompt_length` messages are the prompt) as RL builds
+    it (`EpisodeTokens`): the loss on each assistant turn and its end-of-turn, the
+    environment's messages appended as tokens between turns."""
+    tokens = EpisodeTokens(tokenizer)
+    input_ids = tokens.prompt_ids(messages[:prompt_length])
+    loss_mask = [False] * len(input_ids)
+    pending: Messages = []  # environment messages since the last assistant turn
+    for message in messages[prompt_length:]:
+        if message["role"] != "assistant":
+            pending.append(message)
+            continue
+        if pending:
+            suffix = tokens.suffix_ids(pending)
+            input_ids += suffix
+            loss_mask += [False] * len(suffix)
+            pending = []
+        turn = [*tokenizer(message["content"], add_special_tokens=False)["input_ids"]]
+        turn.append(tokenizer.eos_token_id)
+        input_ids += turn
+        loss_mask += [True] * len(turn)
+    return Sample(input_ids=input_ids, loss_mask=loss_mask)

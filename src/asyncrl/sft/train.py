@@ -19,13 +19,14 @@ import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from transformers import AutoTokenizer
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.sft import SFTConfig
 from asyncrl.envs import load_environment
 from asyncrl.evaluate import evaluate
 from asyncrl.fs import atomic_directory
 from asyncrl.log import console, get_logger
 from asyncrl.monitor.metrics import MetricsWriter
-from asyncrl.sft.data import sft_sample
+from asyncrl.sft.data import episode_sample, sft_sample
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
@@ -41,9 +42,16 @@ def run_sft(config: SFTConfig) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
     )
+    if config.env.address is not None:
+        raise ConfigError("env.address: this command runs the environment here; leave it unset")
     env = load_environment(config.env.id, config.env.args)
+    examples = env.examples("train", config.num_examples)
+    demonstration = getattr(env, "demonstration", None)  # multi-turn: a scripted episode
     samples = [
-        sft_sample(example, tokenizer) for example in env.examples("train", config.num_examples)
+        sft_sample(example, tokenizer)
+        if demonstration is None
+        else episode_sample(demonstration(example), len(example.prompt), tokenizer)
+        for example in examples
     ]
     rows = first_fit_decreasing([len(sample.input_ids) for sample in samples], config.sequence_len)
     rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps

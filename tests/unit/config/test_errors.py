@@ -83,11 +83,11 @@ def test_nccl_weight_broadcast_is_refused_for_vllm() -> None:
     assert "built for the embedded engine only" in error_of(InferenceConfig, overrides)
 
 
-def test_planned_key_inside_a_list_item_names_the_index() -> None:
+def test_a_wrong_key_inside_a_list_item_names_the_index() -> None:
     message = error_of(
-        OrchestratorConfig, ["--model.name", "m", "--env", "[{id: a}, {id: b, address: 'h:1'}]"]
+        OrchestratorConfig, ["--model.name", "m", "--env", "[{id: a}, {id: b, adress: 'h:1'}]"]
     )
-    assert "`env[1].address` is not supported yet" in message
+    assert "`env[1].adress`: unknown key; did you mean `env[1].address`?" in message
 
 
 def test_unparsable_file_names_the_file(tmp_path: Path) -> None:

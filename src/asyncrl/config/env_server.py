@@ -1,0 +1,36 @@
+"""`asyncrl env-server`: an environment served to orchestrators on other machines."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from asyncrl.config.base import StrictModel
+from asyncrl.config.env import EnvConfig
+
+
+class EnvServerConfig(StrictModel):
+    """Serves one environment's examples, rewards and turns over HTTP (`env[].address` on the
+    orchestrator's side); its code runs in this server's worker processes."""
+
+    env: EnvConfig = Field(description="The environment to serve (loaded here, in workers).")
+    host: str = Field(
+        "127.0.0.1",
+        description="Bind address. Loopback unless set: use 0.0.0.0 to serve other machines.",
+    )
+    port: int = Field(8100, ge=1, le=65535, description="Bind port.")
+    api_key_var: str = Field(
+        "ASYNCRL_ENV_API_KEY",
+        description="Environment variable holding the bearer API key the server requires "
+        "(unset or empty variable = no key required).",
+    )
+    workers: int = Field(2, ge=1, description="Worker processes running the environment's code.")
+    timeout: float = Field(30.0, gt=0, description="Seconds per reward or per turn.")
+    memory_limit: float | None = Field(
+        None, gt=0, description="GiB of address space per worker (null = unlimited)."
+    )
+    cpu_limit: float | None = Field(
+        None, gt=0, description="CPU seconds per task in a worker (null = unlimited)."
+    )
+    max_request_bytes: int = Field(
+        4 * 2**20, ge=1024, description="Largest request body accepted (413 beyond)."
+    )

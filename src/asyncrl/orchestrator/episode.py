@@ -1,0 +1,294 @@
+"""One group of multi-turn episodes: the model and the environment take turns, token in, token out.
+
+The first turn is one request for the whole group (`n` completions: the prompt is prefilled
+once); then each episode goes on by itself, every turn generated from the exact ids of
+everything so far (the prompt, the model's own tokens, the environment's rendered messages;
+`EpisodeTokens`). The training sample is the episode as one sequence: the prompt, then the
+model's and the environment's tokens in order, only the model's in the loss, each with the
+logprob and weights version it was sampled with. The environment runs in the reward workers:
+a turn it fails to answer (raises, hangs, dies) ends that episode, which then scores 0 and is
+masked out of the loss, and is counted; the run goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from asyncrl.config.base import ConfigError
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs.base import Environment, Messages
+from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
+from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
+from asyncrl.orchestrator.advantage import group_advantages
+from asyncrl.orchestrator.client import ClientPool, Server
+from asyncrl.orchestrator.filters import apply_filters
+from asyncrl.orchestrator.rollout import (
+    ABORT_RETRIES,
+    Completion,
+    Group,
+    GroupAborted,
+    GroupRequest,
+    request_body,
+)
+from asyncrl.types import TrainingSample
+
+
+@dataclass
+class Episode:
+    messages: Messages
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)  # model and environment tokens
+    sampled: list[bool] = field(default_factory=list)  # True where the model sampled the token
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    turn_lengths: list[int] = field(default_factory=list)  # tokens of each model turn
+    finish_reason: str = ""  # of the last model turn
+    ended_by: str = ""  # done | max_turns | budget | env_<failure> | suffix_error
+    server: Server | None = None  # where its turns go (its prefix is cached there)
+    tool_calls: Counter[str] = field(default_factory=Counter)  # "<tool>" and "<tool>/<error>"
+    cut_turns: int = 0  # turns cut by `max_tokens`, closed with an end-of-turn token not sampled
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.completion_ids)
+
+    @property
+    def failed(self) -> bool:
+        """Ended by the environment or its template, not by the model: not trained on."""
+        return self.ended_by.startswith("env_") or self.ended_by == "suffix_error"
+
+    def add_model_turn(self, choice: Completion, version: int) -> None:
+        n = len(choice.token_ids)
+        self.completion_ids += choice.token_ids
+        self.sampled += [True] * n
+        self.logprobs += choice.logprobs
+        self.versions += choice.policy_versions or [version] * n
+        self.turn_lengths.append(n)
+        self.finish_reason = choice.finish_reason
+        self.messages.append({"role": "assistant", "content": choice.text})
+
+    def add_environment(self, messages: Messages, token_ids: list[int]) -> None:
+        """Tokens the model did not sample (the environment's messages, the closing of a cut
+        turn): not trained on; their version is that of the model token before them, so they
+        change no staleness bound."""
+        self.completion_ids += token_ids
+        self.sampled += [False] * len(token_ids)
+        self.logprobs += [0.0] * len(token_ids)
+        self.versions += [self.versions[-1]] * len(token_ids)
+        self.messages.extend(messages)
+
+
+@dataclass(frozen=True)
+class EpisodeSetting:
+    config: OrchestratorConfig
+    clients: ClientPool
+    pool: EnvironmentPool
+    tokens: EpisodeTokens
+    max_turns: int
+
+
+async def run_episode_group(
+    request: GroupRequest, setting: EpisodeSetting, vocab_size: int
+) -> Group:
+    """`rollouts_per_example` episodes of the drawn example, scored and made training samples."""
+    config, clients = setting.config, setting.clients
+    example = request.drawn.example
+    prompt_ids = setting.tokens.prompt_ids(example.prompt)
+    budget = max(1, config.seq_len - len(prompt_ids))
+    _, body = request_body(request, config)
+    body.pop("messages", None)
+    body.update(
+        prompt=prompt_ids, logprobs=0, max_tokens=min(budget, config.sampling.max_tokens or budget)
+    )
+    server, choices, retries = await generate(clients, body, config.rollouts_per_example, None)
+    episodes = [Episode(list(example.prompt), list(prompt_ids), server=server) for _ in choices]
+    for episode, choice in zip(episodes, choices, strict=True):
+        episode.add_model_turn(choice, request.launch_version)
+    await asyncio.gather(
+        *(play(episode, index, request, setting) for index, episode in enumerate(episodes))
+    )
+    scored = await score(episodes, request, setting)
+    group = to_group(request, episodes, scored, config, vocab_size)
+    group.aborted_retries = retries
+    return group
+
+
+async def play(
+    episode: Episode, index: int, request: GroupRequest, setting: EpisodeSetting
+) -> None:
+    """Alternate environment and model turns until one of them ends the episode."""
+    config, example = setting.config, request.drawn.example
+    while True:
+        if episode.finish_reason == "length" and episode.length >= config.seq_len:
+            episode.ended_by = "budget"
+            return
+        if len(episode.turn_lengths) >= setting.max_turns:
+            episode.ended_by = "max_turns"
+            return
+        try:
+            reply = await setting.pool.respond(episode.messages, example)
+            if reply.done:
+                episode.ended_by = "done"
+                return
+            closing = []  # a turn cut by max_tokens is closed for the model
+            if episode.finish_reason == "length":
+                closing = [setting.tokens.end_of_turn]
+            turn_end = closing[0] if closing else episode.completion_ids[-1]
+            suffix = closing + setting.tokens.suffix_ids(reply.messages, turn_end=turn_end)
+        except EnvironmentFailed as failure:
+            episode.ended_by = f"env_{failure.kind}"
+            return
+        except SuffixError:
+            episode.ended_by = "suffix_error"
+            return
+        budget = config.seq_len - episode.length - len(suffix)
+        if budget <= 0:
+            episode.ended_by = "budget"
+            return
+        for record in reply.tool_calls:
+            tool = record.tool or "none"  # unparseable, or no such tool
+            episode.tool_calls[tool] += 1
+            if record.error:
+                episode.tool_calls[f"{tool}/{record.error}"] += 1
+        episode.cut_turns += bool(closing)
+        episode.add_environment(reply.messages, suffix)
+        body = turn_body(request, config, episode, index, budget)
+        version = setting.clients.oldest_version()  # for every token if the server reports none
+        episode.server, (choice,), _ = await generate(setting.clients, body, 1, episode.server)
+        episode.add_model_turn(choice, version)
+
+
+def turn_body(
+    request: GroupRequest, config: OrchestratorConfig, episode: Episode, index: int, budget: int
+) -> dict[str, Any]:
+    """The request for the episode's next model turn: everything so far as token ids."""
+    _, body = request_body(request, config)
+    body.pop("messages", None)
+    turn = len(episode.turn_lengths)
+    body.update(
+        n=1,
+        prompt=episode.prompt_ids + episode.completion_ids,
+        logprobs=0,
+        max_tokens=min(budget, config.sampling.max_tokens or budget),
+    )
+    if request.seed is not None:  # a seed of its own per episode and turn
+        body["seed"] = request.seed + 1_000_003 * turn + index + 1
+    return body
+
+
+async def generate(
+    clients: ClientPool, body: dict[str, Any], n: int, prefer: Server | None
+) -> tuple[Server, list[Completion], int]:
+    """`n` completions (on `prefer` while it is up); a turn the server aborted (a weight update
+    in abort mode) is asked again, `ABORT_RETRIES` times, then `GroupAborted`."""
+    for retries in range(ABORT_RETRIES + 1):
+        server, response = await clients.generate_anywhere("completions", body, n, prefer)
+        choices = sorted(
+            (Completion.parse(choice, response) for choice in response["choices"]),
+            key=lambda choice: choice.index,
+        )
+        if not any(choice.finish_reason == "abort" for choice in choices):
+            return server, choices, retries
+    raise GroupAborted(f"the server aborted a turn {ABORT_RETRIES + 1} times")
+
+
+async def score(
+    episodes: list[Episode], request: GroupRequest, setting: EpisodeSetting
+) -> list[RewardResult]:
+    """Each episode's rubric reward on its whole conversation; 0 for one the environment
+    failed (or all, with `buffer.skip_verification`)."""
+
+    async def one(episode: Episode) -> RewardResult:
+        if episode.failed or setting.config.buffer.skip_verification:
+            return RewardResult(0.0, {term.name: 0.0 for term in setting.pool.rubric})
+        return await setting.pool.score(episode.messages, request.drawn.example)
+
+    return list(await asyncio.gather(*(one(episode) for episode in episodes)))
+
+
+def to_group(
+    request: GroupRequest,
+    episodes: list[Episode],
+    scored: list[RewardResult],
+    config: OrchestratorConfig,
+    vocab_size: int,
+) -> Group:
+    """Episodes as training samples: outcome advantages over every token, the loss on the
+    model's tokens only, filters judged on the model's tokens."""
+    rewards = [r.reward for r in scored]
+    advantages = group_advantages(
+        rewards, [sum(e.turn_lengths) for e in episodes], config.advantage
+    )
+    group = Group(
+        drawn=request.drawn,
+        env_name=request.env_name,
+        samples=[],
+        rewards=rewards,
+        values=[r.values for r in scored],
+        truncated=[e.ended_by == "budget" for e in episodes],
+        reward_failures=sum(len(r.failed) + (r.lost is not None) for r in scored),
+        episode_ends=Counter(e.ended_by for e in episodes),
+        turns=[len(e.turn_lengths) for e in episodes],
+        turn_lengths=[n for e in episodes for n in e.turn_lengths],
+        tool_calls=sum((e.tool_calls for e in episodes), Counter()),
+        cut_turns=sum(e.cut_turns for e in episodes),
+    )
+    for episode, result, advantage, truncated in zip(
+        episodes, scored, advantages, group.truncated, strict=True
+    ):
+        model_ids = [t for t, s in zip(episode.completion_ids, episode.sampled, strict=True) if s]
+        model_logprobs = [lp for lp, s in zip(episode.logprobs, episode.sampled, strict=True) if s]
+        outcome = apply_filters(
+            model_ids, model_logprobs, truncated, config.filters, vocab_size,
+            config.mask_truncated_completions,
+        )  # fmt: skip
+        group.filter_hits.update(name for name, hit in outcome.hits.items() if hit)
+        train = outcome.train and not episode.failed
+        n = len(episode.completion_ids)
+        group.samples.append(
+            TrainingSample(
+                prompt_ids=episode.prompt_ids,
+                completion_ids=episode.completion_ids,
+                completion_mask=[train and sampled for sampled in episode.sampled],
+                inference_logprobs=episode.logprobs,
+                advantages=[advantage] * n,
+                policy_versions=episode.versions,
+                temperature=request.temperature,
+                env=request.env_name,
+                task=request.drawn.example.task,
+                example_id=request.drawn.example.example_id,
+                reward=result.reward,
+            )
+        )
+    return group
+
+
+def episode_tokens(
+    envs: list[Environment],
+    names: list[str],
+    tokenizer: PreTrainedTokenizerBase,
+    config: OrchestratorConfig,
+) -> EpisodeTokens | None:
+    """The turn-by-turn tokenizer when an environment (trained or evaluated) is multi-turn,
+    after checking that the chat template can append turns and that nothing asks for what
+    episodes do not give (a config error otherwise)."""
+    multi_turn = [name for env, name in zip(envs, names, strict=True) if is_multi_turn(env)]
+    if not multi_turn:
+        return None
+    if config.advantage.type == "process":
+        raise ConfigError(
+            f"advantage.type: process needs per-step rewards, which multi-turn environments "
+            f"({', '.join(multi_turn)}) do not give yet; use an outcome advantage"
+        )
+    tokens = EpisodeTokens(tokenizer)
+    try:
+        tokens.check()
+    except SuffixError as error:
+        raise ConfigError(f"env {multi_turn[0]}: {error}") from error
+    return tokens

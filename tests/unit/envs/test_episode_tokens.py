@@ -1,0 +1,86 @@
+"""Episode token ids built by appending equal the template's rendering where it is honest, and
+stay the model's own tokens where re-rendering would rewrite them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
+
+# earlier assistant turns shortened to 3 characters, as templates strip earlier reasoning
+REWRITING = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['role'] == 'assistant' and not loop.last %}{{ message['content'][:3] }}"
+    "{% else %}{{ message['content'] }}{% endif %}{{ '<|im_end|>' + '\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+# the message count up front: every turn changes the conversation's first tokens
+COUNTING = "{{ messages | length }}" + REWRITING
+# assistant turns not closed by the end-of-turn token generation stops on
+UNCLOSED = REWRITING.replace("'<|im_end|>' + '\n'", "'\n\n'")
+
+
+@pytest.fixture
+def tokenizer(tiny_model_dir: Path) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def ids(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def appended(
+    tokens: EpisodeTokens, tokenizer: PreTrainedTokenizerBase, turns: list[str]
+) -> list[int]:
+    """prompt, then per turn: the model's ids and its end-of-turn, then the user's 'lower'."""
+    episode = tokens.prompt_ids([{"role": "user", "content": "guess"}])
+    for index, text in enumerate(turns):
+        episode += [*ids(tokenizer, text), tokenizer.eos_token_id]
+        if index < len(turns) - 1:
+            episode += tokens.suffix_ids([{"role": "user", "content": "lower"}])
+    return episode
+
+
+def conversation(turns: list[str]) -> list[dict[str, str]]:
+    messages = [{"role": "user", "content": "guess"}]
+    for index, text in enumerate(turns):
+        messages.append({"role": "assistant", "content": text})
+        if index < len(turns) - 1:
+            messages.append({"role": "user", "content": "lower"})
+    return messages
+
+
+def test_appended_turns_equal_an_honest_templates_rendering(tokenizer) -> None:
+    tokens = EpisodeTokens(tokenizer)
+    turns = ["12", "7", "a longer answer"]
+    rendered = tokens.render(conversation(turns), generation_prompt=False)
+    assert appended(tokens, tokenizer, turns) == rendered[: len(appended(tokens, tokenizer, turns))]
+    # the rendering closes the last turn with "\n" after the end-of-turn token: nothing else
+    assert rendered[len(appended(tokens, tokenizer, turns)) :] == ids(tokenizer, "\n")
+
+
+def test_appended_turns_keep_the_models_tokens_where_the_template_rewrites_them(tokenizer) -> None:
+    tokenizer.chat_template = REWRITING
+    tokens = EpisodeTokens(tokenizer)
+    turns = ["12345", "678910"]
+    episode = appended(tokens, tokenizer, turns)
+    naive = tokens.render(conversation(turns), generation_prompt=False)
+    assert naive[: len(episode)] != episode  # re-rendering drops "45" from the first turn
+    first_turn = tokens.prompt_ids([{"role": "user", "content": "guess"}])
+    assert episode[len(first_turn) : len(first_turn) + 5] == ids(tokenizer, "12345")
+    assert tokenizer.decode(episode) == (
+        "<|im_start|>user\nguess<|im_end|>\n<|im_start|>assistant\n12345<|im_end|>\n"
+        "<|im_start|>user\nlower<|im_end|>\n<|im_start|>assistant\n678910<|im_end|>"
+    )
+
+
+@pytest.mark.parametrize(
+    ("template", "says"), [(COUNTING, "earlier turns differently"), (UNCLOSED, "does not close")]
+)
+def test_a_template_that_cannot_append_a_turn_is_refused(tokenizer, template, says) -> None:
+    tokenizer.chat_template = template
+    with pytest.raises(SuffixError, match=says):
+        EpisodeTokens(tokenizer).check()

@@ -1,0 +1,33 @@
+"""A demonstrated episode becomes the sequence RL would build, with the loss on the model's
+turns only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from asyncrl.envs.guess_number import GuessNumberEnv
+from asyncrl.sft.data import episode_sample
+
+
+def test_a_demonstrated_episode_trains_on_the_assistant_turns_only(tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    env = GuessNumberEnv()
+    example = next(e for e in env.examples("train", 20) if len(env.demonstration(e)) >= 5)
+    messages = env.demonstration(example)
+    sample = episode_sample(messages, len(example.prompt), tokenizer)
+
+    rendered = tokenizer.apply_chat_template(messages)
+    rendered = list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered)
+    # ChatML renders turns honestly: the appended episode is its rendering but the final "\n"
+    assert sample.input_ids == rendered[:-1]
+    trained = [t for t, m in zip(sample.input_ids, sample.loss_mask, strict=True) if m]
+    guesses = [m["content"] for m in messages if m["role"] == "assistant"]
+    expected = []
+    for guess in guesses:
+        expected += [
+            *tokenizer(guess, add_special_tokens=False)["input_ids"],
+            tokenizer.eos_token_id,
+        ]
+    assert trained == expected
