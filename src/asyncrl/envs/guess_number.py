@@ -70,7 +70,7 @@ class GuessNumberEnv:
         if guess == secret:
             return Reply(done=True)
         if guess is None or not low <= guess <= high:
-            hint = f"Answer with one number from {low} to {high}."
+            hint = f"Guess from {low} to {high}."  # short: every token counts against seq_len
         else:
             hint = "higher" if secret > guess else "lower"
         return Reply([{"role": "user", "content": hint}])
