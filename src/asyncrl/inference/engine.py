@@ -181,6 +181,15 @@ class Engine:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
+    def install(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Copy weights by parameter name; a tensor that already is the parameter's storage (a
+        colocated trainer's, shared) is not copied. Call on the engine thread."""
+        parameters = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                if parameters[name].data_ptr() != tensor.data_ptr():
+                    parameters[name].copy_(tensor)
+
     @property
     def is_paused(self) -> bool:
         return self._paused
@@ -190,6 +199,18 @@ class Engine:
         with self._condition:
             held = sum(len(r.sequences) for r in self._held)
             return len(self._running), len(self._waiting) + held
+
+    def kv_cache_bytes(self) -> int:
+        return self.cache.nbytes
+
+    def kv_cache_usage(self) -> float:
+        cached = len(self.prefix_cache.entries) if self.prefix_cache is not None else 0
+        return (self.cache.used_slots - cached) / self.cache.num_slots
+
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        if self.prefix_cache is None:
+            return 0, 0
+        return len(self.prefix_cache.entries), self.prefix_cache.hit_tokens
 
     def close(self) -> None:
         """Abort everything in flight, held by a pause included, and every later request: the

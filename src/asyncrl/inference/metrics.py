@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from asyncrl.inference.engine import Engine
+from asyncrl.inference.serving_engine import ServingEngine
 
 
-def render_metrics(engine: Engine, model_name: str) -> str:
+def render_metrics(engine: ServingEngine, model_name: str) -> str:
     running, waiting = engine.load()
-    cache = engine.cache
-    prefixes = engine.prefix_cache
-    cached = len(prefixes.entries) if prefixes is not None else 0
-    hits = prefixes.hit_tokens if prefixes is not None else 0
+    cached, hits = engine.prefix_cache_counts()
     label = f'{{model_name="{model_name}"}}'
     lines = [
         "# HELP asyncrl:generation_tokens_total Tokens generated since start.",
@@ -27,7 +24,7 @@ def render_metrics(engine: Engine, model_name: str) -> str:
         f"asyncrl:num_requests_waiting{label} {waiting}",
         "# HELP asyncrl:kv_cache_usage_perc Fraction of KV cache slots running sequences hold.",
         "# TYPE asyncrl:kv_cache_usage_perc gauge",
-        f"asyncrl:kv_cache_usage_perc{label} {(cache.used_slots - cached) / cache.num_slots:.4f}",
+        f"asyncrl:kv_cache_usage_perc{label} {engine.kv_cache_usage():.4f}",
         "# HELP asyncrl:prefix_cache_entries Slots holding a finished sequence's prefix.",
         "# TYPE asyncrl:prefix_cache_entries gauge",
         f"asyncrl:prefix_cache_entries{label} {cached}",

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from asyncrl.inference.engine import Engine
+from asyncrl.inference.serving_engine import ServingEngine
 from asyncrl.inference.weights import (
     LoraAdapter,
     WeightLoadError,
@@ -40,7 +40,7 @@ class WeightInfo:
 class ServedModel:
     def __init__(
         self,
-        engine: Engine,
+        engine: ServingEngine,
         name: str,
         weight_roots: list[str],
         enable_lora: bool,
@@ -100,11 +100,7 @@ class ServedModel:
         already is the parameter's storage is not copied."""
 
         def install() -> None:
-            parameters = dict(self.engine.model.named_parameters())
-            with torch.no_grad():
-                for name, tensor in tensors.items():
-                    if parameters[name].data_ptr() != tensor.data_ptr():
-                        parameters[name].copy_(tensor)
+            self.engine.install(tensors)
             self._base_weights = {}
             self._adapter = None
             self._set(step, source)
