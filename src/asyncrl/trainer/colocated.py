@@ -7,6 +7,10 @@ weights straight from the trainer's parameters — the same tensors when the eng
 trainer's dtype, else a copy; LoRA adapters merged — and wakes. `/weight_info` reports the
 version and fingerprint as any server does, so the orchestrator, which still talks HTTP to it,
 cannot tell the difference.
+
+The engine is the embedded one, or with `inference.backend: vllm` vLLM's own engine run in this
+process (`inference/vllm_inprocess.py`) behind the same server; it takes every weight, LoRA
+merged, through vLLM's in-place reload.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 import uvicorn
 
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.served_model import ServedModel
 from asyncrl.inference.server import build_app, load_served_model
 from asyncrl.log import get_logger
 from asyncrl.monitor.peak_memory import PhasePeaks
@@ -28,21 +33,33 @@ logger = get_logger(__name__)
 STARTUP_TIMEOUT_S = 120.0
 
 
+def vllm_served_model(config: InferenceConfig) -> ServedModel:
+    """vLLM's engine in this process behind asyncrl's server. Weights arrive only in memory
+    from the trainer: LoRA adapters come merged, never as files."""
+    from asyncrl.inference.vllm_inprocess import VllmInprocessEngine
+
+    engine = VllmInprocessEngine(config)
+    name = config.served_model_name or config.model
+    return ServedModel(engine, name, config.weight_roots, enable_lora=False, max_lora_rank=None)
+
+
 class ColocatedInference:
     def __init__(self, config: InferenceConfig, model: torch.nn.Module, version: int) -> None:
         """Start serving `model` (weights version `version`: 0, or the step resumed from)."""
-        self.served = load_served_model(config)
+        self.vllm = config.backend == "vllm"
+        self.served = vllm_served_model(config) if self.vllm else load_served_model(config)
         self.engine = self.served.engine
-        check_names(policy_tensors(model), self.engine.model)
-        shared = share_storage(self.engine.model, model)
-        self.served.apply_received(version, policy_tensors(model), source="memory")
-        total = sum(1 for _ in self.engine.model.parameters())
-        logger.info(
-            "colocated: the engine shares %d of its %d parameter tensors with the trainer%s",
-            shared, total, "" if shared == total else " (the others are copied after each step)",
-        )  # fmt: skip
-        self.kv_cache_bytes = self.engine.cache.nbytes
-        self.peaks = PhasePeaks(self.engine.device)
+        if not self.vllm:  # vLLM's names differ (fused q/k/v); its loader checks them itself
+            check_names(policy_tensors(model), self.engine.model)
+            shared = share_storage(self.engine.model, model)
+            total = sum(1 for _ in self.engine.model.parameters())
+            logger.info(
+                "colocated: the engine shares %d of its %d parameter tensors with the trainer%s",
+                shared, total, "" if shared == total else " (the others are copied each step)",
+            )  # fmt: skip
+        self.served.apply_received(version, self._tensors(model), source="memory")
+        self.kv_cache_bytes = self.engine.kv_cache_bytes()
+        self.peaks = PhasePeaks(next(model.parameters()).device)
         self.server = uvicorn.Server(
             uvicorn.Config(
                 build_app(config, self.served),
@@ -89,13 +106,16 @@ class ColocatedInference:
         """After training step `step`: the engine takes weights version `step` and resumes."""
         started = time.perf_counter()
         training_peak = self.peaks.take()
-        self.served.apply_received(step, policy_tensors(model), source="memory")
+        self.served.apply_received(step, self._tensors(model), source="memory")
         self.engine.wake()
         metrics = {"colocated/weight_sync_seconds": time.perf_counter() - started,
                    "inference/kv_cache_bytes": float(self.kv_cache_bytes)}  # fmt: skip
         if training_peak is not None:
             metrics["colocated/peak_memory_training_bytes"] = float(training_peak)
         return metrics
+
+    def _tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+        return policy_tensors(model, complete=self.vllm)
 
     def close(self) -> None:
         """End requests in flight, stop the server, then the engine."""

@@ -9,11 +9,19 @@ import torch
 PEFT_PREFIX = "base_model.model."
 
 
-def policy_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def policy_tensors(model: torch.nn.Module, complete: bool = False) -> dict[str, torch.Tensor]:
     """What a server must hold to serve `model`: every parameter by name, or for a PEFT model
-    only the adapted weights, merged as W + scale·B·A (the rest of the base never changes)."""
+    only the adapted weights, merged as W + scale·B·A (the rest of the base never changes);
+    with `complete`, the base's other weights too (vLLM reloads a model whole)."""
     if not hasattr(model, "peft_config"):
         return {name: parameter.detach() for name, parameter in model.named_parameters()}
+    if complete:
+        base = {
+            name.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): parameter.detach()
+            for name, parameter in model.named_parameters()
+            if ".lora_" not in name
+        }
+        return base | policy_tensors(model)
     from peft.tuners.lora import LoraLayer
 
     merged: dict[str, torch.Tensor] = {}

