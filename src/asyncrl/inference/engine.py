@@ -13,7 +13,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -189,6 +189,9 @@ class Engine:
             for name, tensor in tensors.items():
                 if parameters[name].data_ptr() != tensor.data_ptr():
                     parameters[name].copy_(tensor)
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        return self.model.named_parameters()
 
     @property
     def is_paused(self) -> bool:

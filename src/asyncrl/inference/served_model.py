@@ -164,7 +164,7 @@ class ServedModel:
             self._fingerprint = fingerprint
 
     def _compute_fingerprint(self) -> str:
-        return weights_fingerprint(self.engine.model.named_parameters())
+        return weights_fingerprint(self.engine.named_weights())
 
 
 def _step_of(directory: Path) -> int:

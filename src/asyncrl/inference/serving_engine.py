@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +19,7 @@ from asyncrl.types import PauseMode
 
 class ServingEngine(Protocol):
     tokenizer: PreTrainedTokenizerBase
-    model: torch.nn.Module  # its parameters are what `/weight_info` fingerprints
+    model: torch.nn.Module
     max_model_len: int
     weight_version: int  # set between steps; every token sampled after carries it
     stats: EngineStats
@@ -32,6 +32,10 @@ class ServingEngine(Protocol):
 
     def install(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy weights in Hugging Face names into the model (on the engine thread)."""
+        ...
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The weights served, in Hugging Face names: what `/weight_info` fingerprints."""
         ...
 
     def pause(self, mode: PauseMode) -> None: ...

