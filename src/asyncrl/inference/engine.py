@@ -8,31 +8,27 @@ running batch between decode steps, and finished ones leave it at once.
 
 from __future__ import annotations
 
-import itertools
 import math
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future
-from typing import Any
+from collections.abc import Iterable
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.inference.engine_stats import EngineStats
+from asyncrl.inference.engine_thread import EngineThread
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.prefill_plan import prefill_groups, share_prompts
 from asyncrl.inference.prefix_cache import PrefixCache
-from asyncrl.inference.sampling import SampleResult, SamplingParams, SequenceView, sample
+from asyncrl.inference.sampling import SampleResult, SequenceView, sample
 from asyncrl.inference.sequences import Request, Sequence, completion_output
 from asyncrl.log import get_logger
-from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
 
 
-class Engine:
+class Engine(EngineThread):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -47,6 +43,7 @@ class Engine:
         """`share_prompts`: a request's n sequences prefill its prompt once (off: n times, for
         comparison). `prefix_caching`: finished sequences' keys and values serve later requests
         that begin with the same tokens (`prefix_cache.py`)."""
+        super().__init__("asyncrl-engine")
         self.model = model.eval()
         self.share_prompts = share_prompts
         self.tokenizer = tokenizer
@@ -74,81 +71,30 @@ class Engine:
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
             eos_ids.append(tokenizer.eos_token_id)
         self.eos_token_ids: list[int] = eos_ids
-        self._ids = itertools.count()
-        self._condition = threading.Condition()
         self._waiting: deque[Sequence] = deque()
-        self._held: list[Request] = []  # arrived while paused or draining
         self._running: list[Sequence] = []
-        self._operations: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
-        self._paused = False
-        self._draining = False
-        self._stopped = False
-        self._closed = False  # shutting down: every request, held or new, ends as aborted
         self.weight_version = 0  # set between steps by whoever loads weights (run_exclusive)
         self.stats = EngineStats()
-        self._thread = threading.Thread(target=self._loop, name="asyncrl-engine", daemon=True)
         self._thread.start()
 
+    # the engine's part of EngineThread ---------------------------------------------------------
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        params = request.params
+        generator = None
+        if params.seed is not None and not params.greedy:
+            generator = torch.Generator(self.device).manual_seed(params.seed + index)
+        return Sequence(request, index, generator)
+
+    def _enqueue(self, sequences: Iterable[Sequence]) -> None:
+        self._waiting.extend(sequences)
+
+    def _unfinished(self) -> list[Sequence]:
+        return [s for s in [*self._running, *self._waiting] if s.finish_reason is None]
+
+    def _has_steps(self) -> bool:
+        return not self._paused and bool(self._running or self._waiting)
+
     # public, thread-safe -------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request:
-        request = Request(f"req-{next(self._ids)}", list(prompt_ids), params, n, Future())
-        for index in range(n):
-            generator = None
-            if params.seed is not None and not params.greedy:
-                generator = torch.Generator(self.device).manual_seed(params.seed + index)
-            request.sequences.append(Sequence(request, index, generator))
-        with self._condition:
-            if self._closed:
-                for sequence in request.sequences:
-                    self._finish(sequence, "abort")
-            elif self._paused or self._draining:
-                self._held.append(request)
-            else:
-                self._waiting.extend(request.sequences)
-            self._condition.notify_all()
-        return request
-
-    def abort(self, request: Request) -> None:
-        with self._condition:
-            for sequence in request.sequences:
-                if sequence.finish_reason is None:
-                    self._finish(sequence, "abort")
-            self._condition.notify_all()
-
-    def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Run `operation` on the engine thread between two steps; returns its result."""
-        future: Future[Any] = Future()
-        with self._condition:
-            self._operations.append((operation, future))
-            self._condition.notify_all()
-        return future.result(timeout=timeout)
-
-    def pause(self, mode: PauseMode) -> None:
-        """abort: end in-flight requests now; wait: let them finish; keep: freeze them in place.
-        Returns once paused. Requests that arrive while paused wait for `resume`."""
-        with self._condition:
-            if mode == "abort":
-                for sequence in [*self._running, *self._waiting]:
-                    self._finish(sequence, "abort")
-                self._paused = True
-            elif mode == "wait":
-                self._draining = True
-                self._condition.notify_all()
-                self._condition.wait_for(lambda: not self._running and not self._waiting)
-                self._draining = False
-                self._paused = True
-            else:
-                self._paused = True
-            self._condition.notify_all()
-
-    def resume(self) -> None:
-        with self._condition:
-            self._paused = False
-            for request in self._held:
-                self._waiting.extend(s for s in request.sequences if s.finish_reason is None)
-            self._held.clear()
-            self._condition.notify_all()
-
     def sleep(self) -> int:
         """Pause and free the KV cache, so a trainer in the same process can have the device;
         returns the bytes freed. Running sequences go back to the head of the queue and keep
@@ -193,10 +139,6 @@ class Engine:
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self.model.named_parameters()
 
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
     def load(self) -> tuple[int, int]:
         """(running sequences, waiting sequences)."""
         with self._condition:
@@ -215,57 +157,11 @@ class Engine:
             return 0, 0
         return len(self.prefix_cache.entries), self.prefix_cache.hit_tokens
 
-    def close(self) -> None:
-        """Abort everything in flight, held by a pause included, and every later request: the
-        server can then shut down without waiting on requests that would never finish."""
-        with self._condition:
-            self._closed = True
-            held = [s for request in self._held for s in request.sequences]
-            self._held.clear()
-            for sequence in [*self._running, *self._waiting, *held]:
-                if sequence.finish_reason is None:
-                    self._finish(sequence, "abort")
-            self._condition.notify_all()
-
-    def shutdown(self) -> None:
-        self.close()
-        with self._condition:
-            self._stopped = True
-            self._condition.notify_all()
-        self._thread.join(timeout=10)
-
     # the loop ------------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._condition:
-                self._condition.wait_for(self._has_work)
-                if self._stopped:
-                    return
-                operations = list(self._operations)
-                self._operations.clear()
-            for operation, future in operations:
-                try:
-                    future.set_result(operation())
-                except Exception as error:  # reported to the caller, the engine lives on
-                    future.set_exception(error)
-            with self._condition:
-                if self._paused:
-                    continue
-            try:
-                self._step()
-            except Exception:  # a bug in a step must not leave clients waiting forever
-                logger.exception("engine step failed; aborting in-flight requests")
-                with self._condition:
-                    for sequence in [*self._running, *self._waiting]:
-                        self._finish(sequence, "abort")
-
-    def _has_work(self) -> bool:
-        if self._stopped or self._operations:
-            return True
-        return not self._paused and bool(self._running or self._waiting)
-
     @torch.inference_mode()
     def _step(self) -> None:
+        if self._paused:
+            return
         started = time.perf_counter()
         admitted = self._admit()
         produced = 0

