@@ -16,8 +16,9 @@ engine's, unchanged (`serving_engine.py`), so routes, per-token weight versions 
   preemption). With vLLM's sleep mode (CUDA) the engine then sleeps at level 1: KV cache
   discarded, weights offloaded to host memory, both back on wake. vLLM-CPU has no sleep mode:
   there the KV cache stays allocated and 0 bytes are reported freed.
-- `install`: the trainer's tensors, in Hugging Face names, go through the model's own
-  `load_weights` (which fuses q/k/v and gate/up), then the prefix cache is dropped.
+- `install`: every weight, in Hugging Face names, goes through vLLM's in-place reload
+  (`reload_weights`: fuses q/k/v and gate/up, repacks for vLLM-CPU's kernels); a head tied to
+  the embeddings is repacked after it; then the prefix cache is dropped.
 
 Not run here: the CUDA sleep/wake path (this machine has no GPU; vLLM-CPU ignores sleep).
 """
