@@ -84,7 +84,11 @@ def start_until_first_step(command: list[str], output: Path) -> subprocess.Popen
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and read_metrics(metrics, role="trainer")):
-        assert time.monotonic() < deadline and launcher.poll() is None, "no step was trained"
+        if launcher.poll() is not None:
+            stderr = launcher.stderr.read().decode() if launcher.stderr else ""
+            code = launcher.returncode
+            raise AssertionError(f"the launcher exited with {code}:\n{stderr[-3000:]}")
+        assert time.monotonic() < deadline, "no step was trained in 300 s"
         time.sleep(0.5)
     return launcher
 
