@@ -56,6 +56,9 @@ class Server:
     base_url: str  # .../v1
     in_flight: int = 0
     version: int = 0
+    # the broadcast this pool loaded into it: a restarted trainer may publish a step again
+    # with other weights, and the number alone would not tell them apart (None: not known)
+    fingerprint: str | None = None
     api: EngineAPI | None = None  # set when the pool first reaches the server
     state: ServerState = "up"
 
@@ -222,18 +225,28 @@ class ClientPool:
                 raise result
 
     def needing(self, broadcast: Broadcast) -> list[Server]:
-        """Servers that should load `broadcast`: older weights, or (files only) weights newer
-        than any broadcast — a future the restarted trainer withdrew."""
+        """Servers that should load `broadcast`: older weights, or (files only) weights from a
+        future the restarted trainer withdrew — newer than any broadcast, or of the same step
+        but other weights (the restarted trainer redid it before this pool saw it go back)."""
         return [
             server
             for server in self.servers
             if server.state != "down"
             and (
                 server.version < broadcast.step
-                or (server.version > broadcast.step and not broadcast.pushed)
+                or (not broadcast.pushed and self.withdrawn(server, broadcast))
                 or server.state == "back"
             )
         ]
+
+    @staticmethod
+    def withdrawn(server: Server, broadcast: Broadcast) -> bool:
+        """The server holds weights the trainer no longer has: a later step, or the same step
+        with other weights than those this pool loaded (unknown ones are taken as the same)."""
+        if server.version > broadcast.step:
+            return True
+        known = server.fingerprint
+        return server.version == broadcast.step and known not in (None, broadcast.fingerprint)
 
     async def revive(self) -> None:
         """Probe the servers that are down; one that answers is `back`, with its own (restarted)
@@ -243,6 +256,7 @@ class ClientPool:
             try:
                 await self.request(server, "GET", f"{server.root}/health", retries=1)
                 server.version = (await (await self.api(server)).version()) or 0
+                server.fingerprint = None  # a restarted server: its own weights
             except InferenceUnavailable:
                 server.state = "down"
                 return
@@ -263,10 +277,10 @@ class ClientPool:
         if broadcast.pushed:  # the server received it from the trainer itself
             server.version = await api.version() or server.version
             return
-        if server.version > broadcast.step:
+        if self.withdrawn(server, broadcast):
             logger.info(
-                "%s goes back from weights version %d to %d: the trainer resumed from an "
-                "earlier checkpoint", server.root, server.version, broadcast.step,
+                "%s leaves weights version %d, withdrawn by a trainer that resumed from an "
+                "earlier checkpoint, for version %d", server.root, server.version, broadcast.step,
             )  # fmt: skip
         pause = self.config.pause_for_updates
         if pause != "none":
@@ -279,7 +293,7 @@ class ClientPool:
         finally:
             if pause != "none":
                 await api.resume()
-        server.version = broadcast.step
+        server.version, server.fingerprint = broadcast.step, broadcast.fingerprint
 
     async def refresh_versions(self) -> None:
         """Ask every server which weights it holds: a trainer may push weights to it without a
@@ -299,7 +313,8 @@ class ClientPool:
                     "earlier checkpoint, or the server restarted", server.root, server.version,
                     version,
                 )  # fmt: skip
-            server.version = version
+            if version != server.version:  # weights this pool did not load
+                server.version, server.fingerprint = version, None
 
         await asyncio.gather(*(refresh(s) for s in self.servers if s.state == "up"))
 

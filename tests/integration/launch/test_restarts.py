@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -81,8 +82,10 @@ def test_a_sigkilled_role_is_restarted_and_no_step_is_lost_or_repeated(
     errors = finish_and_audit(launcher, output)
     assert f"`asyncrl {role}` exited with code -9 (SIGKILL); restart 1 of 3" in errors
     orchestrator_log = (output / "logs" / "orch.log").read_text()
-    if role == "train":  # the withdrawn weights left the server
-        assert f"goes back from weights version {served} to {checkpoint}" in orchestrator_log
+    if role == "train":  # the withdrawn weights left the server (a broadcast newer than
+        # `served`, made before the SIGSTOP, may have been loaded meanwhile)
+        [left] = re.findall(r"leaves weights version (\d+), withdrawn", orchestrator_log)
+        assert int(left) >= served > checkpoint
     if role == "infer":  # the restarted server got the newest weights before any work
         assert "answers again, at weights version 0" in orchestrator_log
 

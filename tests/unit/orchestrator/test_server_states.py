@@ -18,8 +18,8 @@ def pool_with(*servers: tuple[str, int]) -> ClientPool:
     return pool
 
 
-def broadcast(step: int, pushed: bool = False) -> Broadcast:
-    return Broadcast(step, "full", "f", Path(f"/b/step_{step}"), pushed)
+def broadcast(step: int, pushed: bool = False, fingerprint: str = "f") -> Broadcast:
+    return Broadcast(step, "full", fingerprint, Path(f"/b/step_{step}"), pushed)
 
 
 def test_only_servers_that_are_up_take_work_and_set_the_oldest_version() -> None:
@@ -33,6 +33,18 @@ def test_only_servers_that_are_up_take_work_and_set_the_oldest_version() -> None
 def test_servers_behind_back_from_a_restart_or_on_withdrawn_weights_need_the_broadcast() -> None:
     pool = pool_with(("up", 4), ("up", 3), ("up", 5), ("back", 4), ("down", 0))
     assert [pool.servers.index(s) for s in pool.needing(broadcast(4))] == [1, 2, 3]
+
+
+def test_a_step_the_restarted_trainer_redid_replaces_the_withdrawn_one_of_the_same_number() -> None:
+    """The server held step 4 of the dead trainer's future; the restarted one resumed from 2
+    and published its own step 4 before the pool saw broadcast 2."""
+    pool = pool_with(("up", 4), ("up", 4), ("up", 4), ("up", 4))
+    withdrawn, redone = broadcast(4, fingerprint="dead"), broadcast(4, fingerprint="redone")
+    for server, fingerprint in zip(pool.servers, ["dead", "redone", None], strict=False):
+        server.fingerprint = fingerprint
+    assert [pool.servers.index(s) for s in pool.needing(redone)] == [0]
+    assert [pool.servers.index(s) for s in pool.needing(withdrawn)] == [1]
+    assert pool.needing(broadcast(4, pushed=True, fingerprint="redone")) == []
 
 
 def test_a_server_ahead_of_a_pushed_broadcast_keeps_its_weights() -> None:
