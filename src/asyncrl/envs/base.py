@@ -46,7 +46,8 @@ class Environment(Protocol):
     rubric: list[RewardFunction]
 
     def examples(self, split: Split, count: int) -> list[Example]:
-        """`count` deterministic examples of `split`; train and eval never share a prompt."""
+        """`count` deterministic examples of `split`; train and eval never share a problem (a
+        game whose prompt hides its answer may share prompts: it holds out its draws)."""
         ...
 
 

@@ -89,10 +89,8 @@ class CalculatorEnv:
         rng = random.Random(f"calculator:{self.seed}:{split}")
         examples: list[Example] = []
         while len(examples) < count:
-            a, b = (
-                rng.randint(10 ** (rng.randint(self.min_digits, self.max_digits) - 1), 10**4 - 1)
-                for _ in range(2)
-            )
+            digits = (rng.randint(self.min_digits, self.max_digits) for _ in range(2))
+            a, b = (rng.randint(10 ** (d - 1), 10**d - 1) for d in digits)
             if split_of(f"{a}*{b}") != split:
                 continue
             examples.append(

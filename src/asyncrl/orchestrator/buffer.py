@@ -22,6 +22,9 @@ from typing import Any
 
 from asyncrl.config.orchestrator import BufferConfig
 from asyncrl.envs.base import Environment, Example
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,9 +51,17 @@ class Buffer:
         self.examples: list[list[Example]] = []
         for env in envs:
             unique: dict[str, Example] = {}
-            for example in env.examples("train", pool_size):
+            drawn = env.examples("train", pool_size)
+            for example in drawn:
                 unique.setdefault(example_key(example, config.hash_keys), example)
             self.examples.append(list(unique.values()))
+            if len(unique) < len(drawn) / 2 and "answer" not in config.hash_keys:
+                logger.warning(  # a game whose prompt hides its answer: one prompt, many games
+                    "buffer: %d of %d %s examples are duplicates by %s and are dropped; if "
+                    "examples that look alike differ in what the environment hides, add "
+                    "'answer' to orchestrator.buffer.hash_keys",
+                    len(drawn) - len(unique), len(drawn), env.name, config.hash_keys,
+                )  # fmt: skip
         ratios = config.env_ratios or [1.0] * len(envs)
         if len(ratios) != len(envs):
             raise ValueError(f"buffer.env_ratios has {len(ratios)} entries for {len(envs)} envs")

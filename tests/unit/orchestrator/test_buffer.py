@@ -37,6 +37,20 @@ def test_duplicates_are_dropped_by_hash_keys() -> None:
     assert len(by_id.examples[0]) == 4
 
 
+def test_a_pool_mostly_dropped_as_duplicates_is_reported_with_the_key_to_change(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A game whose prompt hides its answer: one prompt for every example."""
+    make(BufferConfig(), ListEnv("a", ["x", "y", "x", "z"]))
+    assert not caplog.records
+    make(BufferConfig(), ListEnv("game", ["same"] * 10))
+    assert "9 of 10 game examples are duplicates" in caplog.text
+    assert "orchestrator.buffer.hash_keys" in caplog.text
+    caplog.clear()
+    make(BufferConfig(hash_keys=["prompt", "answer"]), ListEnv("game", ["same"] * 10))
+    assert not caplog.records  # told: games that look alike are alike
+
+
 def test_every_example_comes_once_per_pass() -> None:
     buffer = make(BufferConfig(), ListEnv("a", ["p", "q", "r"]))
     first_pass = Counter(buffer.draw().example.answer for _ in range(3))
