@@ -3,7 +3,9 @@
 A tool task a tiny model can learn on a CPU: it cannot multiply 4-digit numbers in its head, but
 it can learn to write `<tool_call>{"name": "calculate", "arguments": {"expression": "a*b"}}
 </tool_call>` and copy the tool's answer. An episode ends at the first model turn that calls no
-tool; the reward is 1 when that answer is the exact product.
+tool; the reward is 1 when that answer is the exact product. For process supervision each turn
+is judged on its own (`step_rewards`): a call on the asked expression, an answer that copies the
+tool's result.
 """
 
 from __future__ import annotations
@@ -16,7 +18,14 @@ import re
 
 from asyncrl.envs.base import Example, Messages, RewardFunction, Split, split_of
 from asyncrl.envs.multi_turn import Reply
-from asyncrl.envs.tools import Tool, answer_tool_calls, tool_message, tools_system_prompt
+from asyncrl.envs.tools import (
+    Tool,
+    ToolCallError,
+    answer_tool_calls,
+    parse_hermes,
+    tool_message,
+    tools_system_prompt,
+)
 
 NUMBER = re.compile(r"-?\d+")
 OPERATORS = {
@@ -118,8 +127,21 @@ class CalculatorEnv:
         final = messages[-1]
         if final["role"] != "assistant" or "<tool_call>" in final["content"]:
             return 0.0
-        match = NUMBER.search(final["content"])
-        return float(match is not None and match.group() == example.answer)
+        return float(number_in(final["content"]) == example.answer)
+
+    def step_rewards(self, messages: Messages, example: Example) -> list[tuple[int, float]]:
+        """One step per model turn: 1 for a call of `calculate` on the asked expression, or for
+        an answer holding the last tool result (the product, when no tool was called)."""
+        steps, result = [], example.answer
+        for message in messages[len(example.prompt) :]:
+            if message["role"] == "tool":
+                result = message["content"].strip()
+            elif message["role"] == "assistant":
+                text = message["content"]
+                asked = call_asks(text, example.info["expression"])
+                right = asked if "<tool_call>" in text else number_in(text) == result
+                steps.append((len(steps), float(right)))
+        return steps
 
     def demonstration(self, example: Example) -> Messages:
         """Call the tool, then answer with its result (the supervised warm-up)."""
@@ -130,6 +152,23 @@ class CalculatorEnv:
             tool_message(calculate(example.info["expression"])),
             {"role": "assistant", "content": example.answer},
         ]
+
+
+def call_asks(text: str, expression: str) -> bool:
+    """`text` is one call of `calculate` on `expression` (spaces aside)."""
+    try:
+        calls = parse_hermes(text)
+    except ToolCallError:
+        return False
+    if len(calls) != 1 or calls[0].name != "calculate":
+        return False
+    asked = calls[0].arguments.get("expression")
+    return isinstance(asked, str) and asked.replace(" ", "") == expression
+
+
+def number_in(text: str) -> str | None:
+    match = NUMBER.search(text)
+    return match.group() if match else None
 
 
 def load_environment(**kwargs: object) -> CalculatorEnv:

@@ -5,7 +5,9 @@ whole conversation so far (the model's turns as `assistant` messages) and answer
 messages, or says the episode is over. It keeps no state between calls: everything it needs is
 in the example and the conversation, so any worker process (or a remote one) can answer any
 turn. The rubric scores the finished episode: each term is `function(messages, example)`, the
-messages being the whole conversation, the model's turns included.
+messages being the whole conversation, the model's turns included. For process supervision
+(`advantage.type: process`) it may also give `step_rewards(messages, example)`: (model turn
+index, reward) pairs, one step ending at each turn it judges.
 """
 
 from __future__ import annotations

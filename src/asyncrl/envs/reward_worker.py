@@ -96,6 +96,10 @@ def score(env: Any, task: dict[str, Any], example: Example) -> dict[str, Any]:
             steps = [[int(end), float(r)] for end, r in env.step_rewards(scored, example)]
             if not all(math.isfinite(r) for _, r in steps):
                 raise ValueError("step_rewards returned a non-finite reward")
+            if isinstance(scored, list):  # an episode: steps end at model turns, by index
+                turns = sum(message["role"] == "assistant" for message in scored)
+                if not all(0 <= turn < turns for turn, _ in steps):
+                    raise ValueError(f"step_rewards named a turn outside 0..{turns - 1}")
         except Exception:  # the user's code again: no steps means no process advantage
             steps = []
             errors["step_rewards"] = traceback.format_exc()

@@ -7,7 +7,9 @@ everything so far (the prompt, the model's own tokens, the environment's rendere
 model's and the environment's tokens in order, only the model's in the loss, each with the
 logprob and weights version it was sampled with. The environment runs in the reward workers:
 a turn it fails to answer (raises, hangs, dies) ends that episode, which then scores 0 and is
-masked out of the loss, and is counted; the run goes on.
+masked out of the loss, and is counted; the run goes on. With `advantage.type: process` the
+environment's `step_rewards(messages, example)` gives (model turn index, reward) pairs, and each
+turn's tokens get the normalised rewards of that turn and the turns after it.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from asyncrl.envs.base import Environment, Messages
 from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
-from asyncrl.orchestrator.advantage import group_advantages
+from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.client import ClientPool, Server
 from asyncrl.orchestrator.filters import apply_filters
 from asyncrl.orchestrator.rollout import (
@@ -48,6 +50,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     turn_lengths: list[int] = field(default_factory=list)  # tokens of each model turn
+    turn_ends: list[int] = field(default_factory=list)  # index of each model turn's last token
     finish_reason: str = ""  # of the last model turn
     ended_by: str = ""  # done | max_turns | budget | env_<failure> | suffix_error
     server: Server | None = None  # where its turns go (its prefix is cached there)
@@ -70,6 +73,7 @@ class Episode:
         self.logprobs += choice.logprobs
         self.versions += choice.policy_versions or [version] * n
         self.turn_lengths.append(n)
+        self.turn_ends.append(len(self.completion_ids) - 1)
         self.finish_reason = choice.finish_reason
         self.messages.append({"role": "assistant", "content": choice.text})
 
@@ -204,10 +208,12 @@ async def score(
     """Each episode's rubric reward on its whole conversation; 0 for one the environment
     failed (or all, with `buffer.skip_verification`)."""
 
+    steps = setting.config.advantage.type == "process"
+
     async def one(episode: Episode) -> RewardResult:
         if episode.failed or setting.config.buffer.skip_verification:
             return RewardResult(0.0, {term.name: 0.0 for term in setting.pool.rubric})
-        return await setting.pool.score(episode.messages, request.drawn.example)
+        return await setting.pool.score(episode.messages, request.drawn.example, steps=steps)
 
     return list(await asyncio.gather(*(one(episode) for episode in episodes)))
 
@@ -219,12 +225,10 @@ def to_group(
     config: OrchestratorConfig,
     vocab_size: int,
 ) -> Group:
-    """Episodes as training samples: outcome advantages over every token, the loss on the
-    model's tokens only, filters judged on the model's tokens."""
+    """Episodes as training samples: advantages per token (outcome or per turn), the loss on
+    the model's tokens only, filters judged on the model's tokens."""
     rewards = [r.reward for r in scored]
-    advantages = group_advantages(
-        rewards, [sum(e.turn_lengths) for e in episodes], config.advantage
-    )
+    advantages = episode_advantages(episodes, scored, config)
     group = Group(
         drawn=request.drawn,
         env_name=request.env_name,
@@ -239,7 +243,7 @@ def to_group(
         tool_calls=sum((e.tool_calls for e in episodes), Counter()),
         cut_turns=sum(e.cut_turns for e in episodes),
     )
-    for episode, result, advantage, truncated in zip(
+    for episode, result, token_advantages, truncated in zip(
         episodes, scored, advantages, group.truncated, strict=True
     ):
         model_ids = [t for t, s in zip(episode.completion_ids, episode.sampled, strict=True) if s]
@@ -250,14 +254,13 @@ def to_group(
         )  # fmt: skip
         group.filter_hits.update(name for name, hit in outcome.hits.items() if hit)
         train = outcome.train and not episode.failed
-        n = len(episode.completion_ids)
         group.samples.append(
             TrainingSample(
                 prompt_ids=episode.prompt_ids,
                 completion_ids=episode.completion_ids,
                 completion_mask=[train and sampled for sampled in episode.sampled],
                 inference_logprobs=episode.logprobs,
-                advantages=[advantage] * n,
+                advantages=token_advantages,
                 policy_versions=episode.versions,
                 temperature=request.temperature,
                 env=request.env_name,
@@ -267,6 +270,24 @@ def to_group(
             )
         )
     return group
+
+
+def episode_advantages(
+    episodes: list[Episode], scored: list[RewardResult], config: OrchestratorConfig
+) -> list[list[float]]:
+    """One advantage per completion token: the episode's outcome advantage, or (`process`) from
+    per-turn rewards, each turn's step ending at its last token. A step naming a turn the
+    episode does not have is dropped (the reward worker refuses them; a remote one may not)."""
+    lengths = [len(e.completion_ids) for e in episodes]
+    if config.advantage.type != "process":
+        model_tokens = [sum(e.turn_lengths) for e in episodes]
+        outcome = group_advantages([r.reward for r in scored], model_tokens, config.advantage)
+        return [[value] * n for value, n in zip(outcome, lengths, strict=True)]
+    steps = [
+        [(e.turn_ends[turn], reward) for turn, reward in r.steps if 0 <= turn < len(e.turn_ends)]
+        for e, r in zip(episodes, scored, strict=True)
+    ]
+    return process_advantages(steps, lengths)
 
 
 def episode_tokens(
@@ -281,11 +302,6 @@ def episode_tokens(
     multi_turn = [name for env, name in zip(envs, names, strict=True) if is_multi_turn(env)]
     if not multi_turn:
         return None
-    if config.advantage.type == "process":
-        raise ConfigError(
-            f"advantage.type: process needs per-step rewards, which multi-turn environments "
-            f"({', '.join(multi_turn)}) do not give yet; use an outcome advantage"
-        )
     tokens = EpisodeTokens(tokenizer)
     try:
         tokens.check()

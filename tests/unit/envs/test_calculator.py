@@ -6,6 +6,7 @@ import pytest
 
 from asyncrl.envs.calculator import CalculatorEnv, calculate
 from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.reward_worker import score
 from asyncrl.envs.tools import ToolCallRecord
 
 
@@ -40,3 +41,43 @@ def test_the_tools_are_described_in_the_system_prompt_unless_asked_not_to() -> N
     assert CalculatorEnv(describe_tools=False).examples("eval", 1)[0].prompt[0]["content"] == (
         "Use calculate."
     )
+
+
+def test_factors_have_the_digits_asked() -> None:
+    for example in CalculatorEnv(min_digits=2, max_digits=3).examples("train", 200):
+        a, b = example.info["expression"].split("*")
+        assert 2 <= len(a) <= 3 and 2 <= len(b) <= 3
+    lengths = {len(e.info["expression"]) for e in CalculatorEnv().examples("train", 200)}
+    assert lengths == {7, 8, 9}  # 3 or 4 digits each
+
+
+def test_each_turn_is_judged_on_its_own_for_process_supervision() -> None:
+    env = CalculatorEnv()
+    example = env.examples("train", 1)[0]
+    a = example.info["expression"].split("*")[0]
+    episode = env.demonstration(example)
+    assert env.step_rewards(episode, example) == [(0, 1.0), (1, 1.0)]
+    call, result, answer = episode[len(example.prompt) :]
+    wrong_call = {"role": "assistant", "content": call["content"].replace(a, str(int(a) + 1))}
+    copied = [*example.prompt, wrong_call, {**result, "content": "123"}]
+    copied.append({**answer, "content": "123"})
+    assert env.step_rewards(copied, example) == [(0, 0.0), (1, 1.0)]  # a faithful copy
+    miscopied = [*episode[:-1], {**answer, "content": "12"}]
+    assert env.step_rewards(miscopied, example) == [(0, 1.0), (1, 0.0)]
+    garbled = [*example.prompt, {"role": "assistant", "content": "<tool_call>{oops</tool_call>"}]
+    assert env.step_rewards(garbled, example) == [(0, 0.0)]
+    unaided = [*example.prompt, {"role": "assistant", "content": example.answer}]
+    assert env.step_rewards(unaided, example) == [(0, 1.0)]  # no call: judged on the product
+
+
+def test_the_reward_worker_refuses_a_step_naming_a_turn_the_episode_lacks() -> None:
+    class Misnumbered(CalculatorEnv):
+        def step_rewards(self, messages, example):  # type: ignore[no-untyped-def]
+            return [(len(super().step_rewards(messages, example)), 1.0)]
+
+    env = Misnumbered()
+    example = env.examples("train", 1)[0]
+    task = {"messages": env.demonstration(example), "steps": True}
+    answer = score(env, task, example)
+    assert answer["steps"] == [] and "turn outside 0..1" in answer["errors"]["step_rewards"]
+    assert answer["values"] == {"correct": 1.0}  # the outcome is still scored

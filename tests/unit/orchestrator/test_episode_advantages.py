@@ -1,0 +1,52 @@
+"""Advantages of multi-turn episodes: the outcome advantage on every token, or (process
+supervision) per-turn rewards, each turn's step ending at its last token — checked against a
+hand-worked group."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs.reward_pool import RewardResult
+from asyncrl.orchestrator.episode import Episode, episode_advantages
+from asyncrl.orchestrator.rollout import Completion
+
+
+def episode(*parts: int) -> Episode:
+    """Model turns and environment messages alternating, by their number of tokens."""
+    played = Episode(messages=[], prompt_ids=[1, 2])
+    for index, n in enumerate(parts):
+        if index % 2 == 0:
+            turn = Completion(0, "turn", [7] * n, [-0.1] * n, "stop", [1, 2], None)
+            played.add_model_turn(turn, version=0)
+        else:
+            played.add_environment([{"role": "user", "content": "hint"}], [9] * n)
+    return played
+
+
+def config(advantage: str) -> OrchestratorConfig:
+    return OrchestratorConfig(
+        model={"name": "m"}, env=[{"id": "calculator"}], advantage={"type": advantage}
+    )
+
+
+def test_turn_rewards_reach_the_tokens_of_their_turn_and_the_turns_before() -> None:
+    episodes = [episode(3, 2, 2), episode(2, 2, 3)]
+    scored = [
+        RewardResult(1.0, {}, steps=[(0, 1.0), (1, 1.0)]),
+        RewardResult(0.0, {}, steps=[(0, 0.0), (1, 1.0), (5, 1.0)]),  # turn 5: no such turn
+    ]
+    # the four step rewards 1, 1, 0, 1: mean 3/4, standard deviation √3/4
+    high, low = (1 - 0.75) / (math.sqrt(3) / 4), (0 - 0.75) / (math.sqrt(3) / 4)
+    first, second = episode_advantages(episodes, scored, config("process"))
+    assert first == pytest.approx([2 * high] * 3 + [high] * 2 + [high] * 2, abs=1e-5)
+    assert second == pytest.approx([low + high] * 2 + [high] * 2 + [high] * 3, abs=1e-5)
+
+
+def test_outcome_advantages_cover_every_token_of_the_episode() -> None:
+    episodes = [episode(3, 2, 2), episode(2, 2, 3), episode(1)]
+    scored = [RewardResult(r, {}) for r in (1.0, 0.0, 0.5)]
+    advantages = episode_advantages(episodes, scored, config("default"))
+    assert advantages == [[0.5] * 7, [-0.5] * 7, [0.0]]
