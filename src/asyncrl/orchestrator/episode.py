@@ -26,6 +26,7 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs.base import Environment, Messages
 from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
 from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.remote import RemoteEnvironment
 from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.client import ClientPool, Server
@@ -277,7 +278,7 @@ def episode_advantages(
 ) -> list[list[float]]:
     """One advantage per completion token: the episode's outcome advantage, or (`process`) from
     per-turn rewards, each turn's step ending at its last token. A step naming a turn the
-    episode does not have is dropped (the reward worker refuses them; a remote one may not)."""
+    episode does not have is dropped (reward workers refuse them, an env-server's included)."""
     lengths = [len(e.completion_ids) for e in episodes]
     if config.advantage.type != "process":
         model_tokens = [sum(e.turn_lengths) for e in episodes]
@@ -302,6 +303,17 @@ def episode_tokens(
     multi_turn = [name for env, name in zip(envs, names, strict=True) if is_multi_turn(env)]
     if not multi_turn:
         return None
+    unjudged = [  # an env-server's environment is judged there: it cannot be checked here
+        name
+        for env, name in zip(envs, names, strict=True)
+        if is_multi_turn(env) and not hasattr(env, "step_rewards")
+        and not isinstance(env, RemoteEnvironment)
+    ]  # fmt: skip
+    if config.advantage.type == "process" and unjudged:
+        raise ConfigError(
+            f"advantage.type: process needs per-turn rewards, and {', '.join(unjudged)} gives "
+            "none (no `step_rewards(messages, example)`); use an outcome advantage"
+        )
     tokens = EpisodeTokens(tokenizer)
     try:
         tokens.check()

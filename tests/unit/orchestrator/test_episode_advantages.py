@@ -5,12 +5,16 @@ hand-worked group."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardResult
-from asyncrl.orchestrator.episode import Episode, episode_advantages
+from asyncrl.orchestrator.episode import Episode, episode_advantages, episode_tokens
 from asyncrl.orchestrator.rollout import Completion
 
 
@@ -50,3 +54,15 @@ def test_outcome_advantages_cover_every_token_of_the_episode() -> None:
     scored = [RewardResult(r, {}) for r in (1.0, 0.0, 0.5)]
     advantages = episode_advantages(episodes, scored, config("default"))
     assert advantages == [[0.5] * 7, [-0.5] * 7, [0.0]]
+
+
+def test_per_turn_advantages_are_refused_for_an_environment_that_judges_no_turn(
+    tiny_model_dir: Path,
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    envs = [load_environment("calculator", {}), load_environment("guess-number", {})]
+    names = ["calculator", "guess-number"]
+    assert episode_tokens(envs[:1], names[:1], tokenizer, config("process")) is not None
+    assert episode_tokens(envs, names, tokenizer, config("default")) is not None
+    with pytest.raises(ConfigError, match="guess-number gives none"):
+        episode_tokens(envs, names, tokenizer, config("process"))
