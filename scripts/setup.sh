@@ -16,5 +16,7 @@ quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >
 if ! command -v nvidia-smi >/dev/null 2>&1; then
     quiet "${pip[@]}" "torch==2.13.0"
 fi
-quiet "${pip[@]}" -e ".[${EXTRAS:-dev}]"
+# the lock: `make test` runs this beside setup_vllm.sh, and both editable builds write
+# src/asyncrl.egg-info
+quiet flock . "${pip[@]}" -e ".[${EXTRAS:-dev}]"
 echo "asyncrl installed in $venv"

@@ -24,6 +24,6 @@ fi
 # keep pip from moving vLLM's torch, transformers or numpy
 pins="$(mktemp)"
 "$venv/bin/python" -m pip freeze | grep -E "^(torch|transformers|tokenizers|numpy)==" > "$pins"
-quiet "${pip[@]}" -e . -c "$pins"
+quiet flock . "${pip[@]}" -e . -c "$pins"  # one editable build at a time (see setup.sh)
 rm -f "$pins"
 "$venv/bin/python" -c "import vllm, transformers, asyncrl; print('vLLM', vllm.__version__, 'in $venv')"
