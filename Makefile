@@ -67,7 +67,7 @@ demo: setup
 test:
 	$(MAKE) -j2 test-deps vllm
 	$(MAKE) lint
-	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest
+	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest --durations=25  # the slowest tests: where CI time goes
 
 # the edit-test loop: lint and the unit tests (no vLLM, no Ray, no server start-ups), under 2 min
 test-fast: setup lint
