@@ -26,7 +26,6 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs.base import Environment, Messages
 from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
 from asyncrl.envs.multi_turn import is_multi_turn
-from asyncrl.envs.remote import RemoteEnvironment
 from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.client import ClientPool, Server
@@ -295,25 +294,12 @@ def episode_tokens(
     envs: list[Environment],
     names: list[str],
     tokenizer: PreTrainedTokenizerBase,
-    config: OrchestratorConfig,
 ) -> EpisodeTokens | None:
     """The turn-by-turn tokenizer when an environment (trained or evaluated) is multi-turn,
-    after checking that the chat template can append turns and that nothing asks for what
-    episodes do not give (a config error otherwise)."""
+    after checking that the chat template can append turns (a config error otherwise)."""
     multi_turn = [name for env, name in zip(envs, names, strict=True) if is_multi_turn(env)]
     if not multi_turn:
         return None
-    unjudged = [  # an env-server's environment is judged there: it cannot be checked here
-        name
-        for env, name in zip(envs, names, strict=True)
-        if is_multi_turn(env) and not hasattr(env, "step_rewards")
-        and not isinstance(env, RemoteEnvironment)
-    ]  # fmt: skip
-    if config.advantage.type == "process" and unjudged:
-        raise ConfigError(
-            f"advantage.type: process needs per-turn rewards, and {', '.join(unjudged)} gives "
-            "none (no `step_rewards(messages, example)`); use an outcome advantage"
-        )
     tokens = EpisodeTokens(tokenizer)
     try:
         tokens.check()

@@ -28,6 +28,7 @@ from typing import Any
 from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
+from asyncrl.config.base import ConfigError
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
 from asyncrl.envs import Environment
@@ -64,6 +65,21 @@ def run_orchestrator(config: OrchestratorConfig) -> None:
     asyncio.run(Orchestrator(config).run())
 
 
+def refuse_environments_without_step_rewards(envs: list[Environment], names: list[str]) -> None:
+    """Process advantages come from `step_rewards`: an environment without it would train on
+    zero advantages, silently. An env-server's environment is judged there, unseen from here."""
+    unjudged = [
+        name
+        for env, name in zip(envs, names, strict=True)
+        if not hasattr(env, "step_rewards") and not isinstance(env, RemoteEnvironment)
+    ]
+    if unjudged:
+        raise ConfigError(
+            f"advantage.type: process needs per-step rewards, and {', '.join(unjudged)} gives "
+            "none (no `step_rewards`); use an outcome advantage"
+        )
+
+
 class Orchestrator:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
@@ -88,8 +104,10 @@ class Orchestrator:
         self.eval_envs = [environment_of(spec) for spec in eval_specs]
         self.episode_tokens = episode_tokens(
             [*self.envs, *self.eval_envs], [*self.env_names, *(s.name or s.id for s in eval_specs)],
-            tokenizer, config,
+            tokenizer,
         )  # fmt: skip
+        if config.advantage.type == "process":  # evaluated environments are not trained
+            refuse_environments_without_step_rewards(self.envs, self.env_names)
         self.rewards = [
             self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]

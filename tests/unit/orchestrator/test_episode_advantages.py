@@ -15,6 +15,7 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardResult
 from asyncrl.orchestrator.episode import Episode, episode_advantages, episode_tokens
+from asyncrl.orchestrator.orchestrator import refuse_environments_without_step_rewards
 from asyncrl.orchestrator.rollout import Completion
 
 
@@ -56,13 +57,19 @@ def test_outcome_advantages_cover_every_token_of_the_episode() -> None:
     assert advantages == [[0.5] * 7, [-0.5] * 7, [0.0]]
 
 
-def test_per_turn_advantages_are_refused_for_an_environment_that_judges_no_turn(
+def test_process_advantages_are_refused_for_an_environment_that_gives_no_step_rewards(
     tiny_model_dir: Path,
 ) -> None:
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    envs = [load_environment("calculator", {}), load_environment("guess-number", {})]
-    names = ["calculator", "guess-number"]
-    assert episode_tokens(envs[:1], names[:1], tokenizer, config("process")) is not None
-    assert episode_tokens(envs, names, tokenizer, config("default")) is not None
+    """calculator judges its turns; guess-number (multi-turn) and reverse-text (single-turn)
+    judge nothing, so they would train on zero advantages."""
+    calculator, guess, reverse = (
+        load_environment(name, {}) for name in ("calculator", "guess-number", "reverse-text")
+    )
+    refuse_environments_without_step_rewards([calculator], ["calculator"])
     with pytest.raises(ConfigError, match="guess-number gives none"):
-        episode_tokens(envs, names, tokenizer, config("process"))
+        refuse_environments_without_step_rewards([calculator, guess], ["calc", "guess-number"])
+    with pytest.raises(ConfigError, match="reverse-text gives none"):
+        refuse_environments_without_step_rewards([reverse], ["reverse-text"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)  # multi-turn: turns can be appended
+    assert episode_tokens([calculator, guess], ["calculator", "guess-number"], tokenizer)
+    assert episode_tokens([reverse], ["reverse-text"], tokenizer) is None
