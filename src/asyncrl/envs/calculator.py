@@ -17,7 +17,7 @@ import random
 import re
 
 from asyncrl.envs.base import Example, Messages, RewardFunction, Split, split_of
-from asyncrl.envs.multi_turn import Reply
+from asyncrl.envs.multi_turn import UNTRAINED, Reply
 from asyncrl.envs.tools import (
     Tool,
     ToolCallError,
@@ -80,12 +80,17 @@ class CalculatorEnv:
 
     def __init__(
         self, seed: int = 0, min_digits: int = 3, max_digits: int = 4, max_turns: int = 3,
-        describe_tools: bool = True,
+        describe_tools: bool = True, retry_demos: float = 0.0,
     ) -> None:  # fmt: skip
         """`describe_tools: false` leaves the tool list out of the system prompt (a tiny model
-        learns the call from the warm-up and reads 300 fewer tokens)."""
+        learns the call from the warm-up and reads 300 fewer tokens). `retry_demos`: the
+        fraction of warm-up episodes that start with a malformed call (not trained on), its
+        error, then the right call: a model that never saw an error does not retry after one."""
         if not 1 <= min_digits <= max_digits:
             raise ValueError(f"need 1 <= min_digits <= max_digits, got {min_digits}, {max_digits}")
+        if not 0 <= retry_demos <= 1:
+            raise ValueError(f"retry_demos is a fraction in [0, 1], got {retry_demos}")
+        self.retry_demos = retry_demos
         self.seed = seed
         self.min_digits = min_digits
         self.max_digits = max_digits
@@ -144,14 +149,35 @@ class CalculatorEnv:
         return steps
 
     def demonstration(self, example: Example) -> Messages:
-        """Call the tool, then answer with its result (the supervised warm-up)."""
-        call = {"name": "calculate", "arguments": {"expression": example.info["expression"]}}
+        """Call the tool, then answer with its result (the supervised warm-up); for a
+        `retry_demos` share of examples, a malformed call and its error come first."""
+        expression = example.info["expression"]
+        call = {"name": "calculate", "arguments": {"expression": expression}}
+        text = f"<tool_call>{json.dumps(call)}</tool_call>"
+        rng = random.Random(f"calculator-demo:{self.seed}:{expression}")
+        mistake: Messages = []
+        if rng.random() < self.retry_demos:
+            slipped, error = self.malformed(text, rng)
+            mistake = [{"role": "assistant", "content": slipped, UNTRAINED: "true"}, error]
         return [
             *example.prompt,
-            {"role": "assistant", "content": f"<tool_call>{json.dumps(call)}</tool_call>"},
-            tool_message(calculate(example.info["expression"])),
+            *mistake,
+            {"role": "assistant", "content": text},
+            tool_message(calculate(expression)),
             {"role": "assistant", "content": example.answer},
         ]
+
+    def malformed(self, call: str, rng: random.Random) -> tuple[str, dict[str, str]]:
+        """`call` with one character of its JSON dropped, such that the tool answers with an
+        error (not a wrong product), and that error message."""
+        positions = list(range(len("<tool_call>"), len(call) - len("</tool_call>")))
+        rng.shuffle(positions)
+        for position in positions:
+            slipped = call[:position] + call[position + 1 :]
+            answered = answer_tool_calls(slipped, self.tools)
+            if answered is not None and answered[1][0].error:
+                return slipped, answered[0][0]
+        raise ValueError(f"no dropped character makes {call!r} an error")  # `{` always does
 
 
 def call_asks(text: str, expression: str) -> bool:

@@ -18,6 +18,10 @@ from typing import Any, Protocol, TypeGuard, runtime_checkable
 from asyncrl.envs.base import Example, Messages, RewardFunction, Split
 from asyncrl.envs.tools import ToolCallRecord
 
+# a demonstrated assistant turn marked `{UNTRAINED: "true"}` is shown to `asyncrl sft` but not
+# trained on: a mistake the demonstration then recovers from (the recovery is trained on)
+UNTRAINED = "untrained"
+
 
 @dataclass(frozen=True)
 class Reply:

@@ -8,6 +8,7 @@ from transformers import PreTrainedTokenizerBase
 from asyncrl.envs import Example
 from asyncrl.envs.base import Messages
 from asyncrl.envs.episode_tokens import EpisodeTokens
+from asyncrl.envs.multi_turn import UNTRAINED
 from asyncrl.trainer.packing import Sample
 
 
@@ -28,8 +29,8 @@ def episode_sample(
     messages: Messages, prompt_length: int, tokenizer: PreTrainedTokenizerBase
 ) -> Sample:
     """A demonstrated episode (the first `prompt_length` messages are the prompt) as RL builds
-    it (`EpisodeTokens`): the loss on each assistant turn and its end-of-turn, the
-    environment's messages appended as tokens between turns."""
+    it (`EpisodeTokens`): the loss on each assistant turn and its end-of-turn (but a turn
+    marked `UNTRAINED`), the environment's messages appended as tokens between turns."""
     tokens = EpisodeTokens(tokenizer)
     input_ids = tokens.prompt_ids(messages[:prompt_length])
     loss_mask = [False] * len(input_ids)
@@ -46,5 +47,5 @@ def episode_sample(
         turn = [*tokenizer(message["content"], add_special_tokens=False)["input_ids"]]
         turn.append(tokenizer.eos_token_id)
         input_ids += turn
-        loss_mask += [True] * len(turn)
+        loss_mask += [message.get(UNTRAINED) != "true"] * len(turn)
     return Sample(input_ids=input_ids, loss_mask=loss_mask)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from asyncrl.envs.calculator import CalculatorEnv, calculate
-from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.multi_turn import UNTRAINED, is_multi_turn
 from asyncrl.envs.reward_worker import score
 from asyncrl.envs.tools import ToolCallRecord
 
@@ -33,6 +33,30 @@ def test_a_demonstrated_episode_calls_the_tool_then_answers_right() -> None:
     assert env.correct(episode, example) == 1.0
     assert env.correct([*episode[:-1], {"role": "assistant", "content": "12"}], example) == 0.0
     assert env.correct(first_turn, example) == 0.0  # a tool call is no answer
+
+
+def test_a_retry_demonstration_replays_a_real_error_then_the_right_call() -> None:
+    """The slipped call's error is the one the environment gives; the episode is judged right,
+    its first turn wrong; with retry_demos 0 or 1, no or every demonstration has one."""
+    env = CalculatorEnv(retry_demos=0.5, min_digits=3, max_digits=3)
+    examples = env.examples("train", 40)
+    episodes = [env.demonstration(example) for example in examples]
+    retried = [
+        (e, x) for e, x in zip(episodes, examples, strict=True) if len(e) > len(x.prompt) + 3
+    ]
+    assert 10 <= len(retried) <= 30
+    for episode, example in retried:
+        start = len(example.prompt)
+        slipped, error = episode[start], episode[start + 1]
+        assert slipped[UNTRAINED] == "true" and UNTRAINED not in episode[start + 2]
+        reply = env.respond(episode[: start + 1], example)
+        assert reply.messages == [error] and reply.tool_calls[0].error
+        assert env.respond(episode, example).done and env.correct(episode, example) == 1.0
+        assert env.step_rewards(episode, example) == [(0, 0.0), (1, 1.0), (2, 1.0)]
+    assert env.demonstration(examples[0]) == episodes[0]  # the same slip every time
+    never, always = CalculatorEnv(retry_demos=0.0), CalculatorEnv(retry_demos=1.0)
+    assert all(len(never.demonstration(x)) == len(x.prompt) + 3 for x in examples)
+    assert all(len(always.demonstration(x)) == len(x.prompt) + 5 for x in examples)
 
 
 def test_the_tools_are_described_in_the_system_prompt_unless_asked_not_to() -> None:
