@@ -103,9 +103,10 @@ class Orchestrator:
         eval_specs = config.eval.env if config.eval else []
         self.eval_envs = [environment_of(spec) for spec in eval_specs]
         self.episode_tokens = episode_tokens(
-            [*self.envs, *self.eval_envs], [*self.env_names, *(s.name or s.id for s in eval_specs)],
+            [*self.envs, *self.eval_envs],
+            [*self.env_names, *(s.name or s.id for s in eval_specs)],
             tokenizer,
-        )  # fmt: skip
+        )
         if config.advantage.type == "process":  # evaluated environments are not trained
             refuse_environments_without_step_rewards(self.envs, self.env_names)
         self.rewards = [

@@ -47,5 +47,8 @@ def episode_sample(
         turn = [*tokenizer(message["content"], add_special_tokens=False)["input_ids"]]
         turn.append(tokenizer.eos_token_id)
         input_ids += turn
-        loss_mask += [message.get(UNTRAINED) != "true"] * len(turn)
+        marked = message.get(UNTRAINED, "false")
+        if marked not in ("true", "false"):
+            raise ValueError(f'a demonstrated turn has {UNTRAINED}: {marked!r} ("true" or "false")')
+        loss_mask += [marked == "false"] * len(turn)
     return Sample(input_ids=input_ids, loss_mask=loss_mask)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
 from asyncrl.envs.calculator import CalculatorEnv
@@ -55,3 +56,6 @@ def test_a_turn_marked_untrained_is_shown_but_not_trained_on(tiny_model_dir: Pat
                 tokenizer.eos_token_id,
             ]
     assert trained == expected and len(trained) < sum(everything.loss_mask)
+    misspelt = [{**m, UNTRAINED: "yes"} if UNTRAINED in m else m for m in messages]
+    with pytest.raises(ValueError, match="untrained: 'yes'"):
+        episode_sample(misspelt, len(example.prompt), tokenizer)
