@@ -38,6 +38,7 @@ from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
+from asyncrl.monitor.spans import StepSpans
 from asyncrl.monitor.samples import samples_path
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
@@ -193,16 +194,19 @@ class Orchestrator:
                 lambda: self.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
+        spans = StepSpans()
         try:
             while config.max_steps is None or step <= config.max_steps:
-                await self.sync_weights(need=step - 1 - config.max_async_level)
+                with spans.span("wait_weights"):
+                    await self.sync_weights(need=step - 1 - config.max_async_level)
                 if self.evaluator is not None:
                     self.evaluator.start_due()
                 while self.wanted(len(in_flight), len(ready), target):
                     in_flight.add(asyncio.create_task(self.launch(step)))
-                done, in_flight = await asyncio.wait(
-                    in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
-                )
+                with spans.span("wait_rollouts"):
+                    done, in_flight = await asyncio.wait(
+                        in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    )
                 # an error here stops the run; None is a group the server aborted
                 ready.extend(group for task in done if (group := task.result()) is not None)
                 batch = self.assemble(step, ready)
@@ -215,12 +219,15 @@ class Orchestrator:
                 # the record first: a restart after a crash between the two forgets the record
                 # of a batch never written, and never misses the record of one that was
                 self.metrics.log(
-                    step, batch_metrics(step, groups, drops, now - last_batch, temperature)
+                    step,
+                    batch_metrics(step, groups, drops, now - last_batch, temperature)
+                    | spans.take("orchestrator"),
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
                 batch = TrainingBatch(step, samples, self.generation_budget)
-                await asyncio.to_thread(sender.send, batch)
+                with spans.span("send"):
+                    await asyncio.to_thread(sender.send, batch)
                 logger.info(
                     "orchestrator: batch %d written (reward %.3f, servers at version %d)",
                     step, sum(r for g in groups for r in g.rewards) / config.batch_size,
