@@ -38,8 +38,8 @@ from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
-from asyncrl.monitor.spans import StepSpans
 from asyncrl.monitor.samples import samples_path
+from asyncrl.monitor.spans import StepSpans
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import ChatTemplate
