@@ -18,7 +18,7 @@ from asyncrl.inference.weights import (
     LoraAdapter,
     WeightLoadError,
     apply_lora,
-    load_full_weights,
+    read_full_weights,
     read_lora_adapter,
     weight_directory,
 )
@@ -78,15 +78,23 @@ class ServedModel:
 
     # changing weights ----------------------------------------------------------------------------
     def update_weights(self, weight_dir: str, version: int | None) -> WeightInfo:
+        """Read, check, fingerprint and cast the weights on the caller's thread while the
+        engine goes on generating; it stops only for the swap (its own tensors replaced by the
+        staged ones, no copy). The fingerprint is the checkpoint's, as the trainer wrote it,
+        whatever dtype the engine serves in."""
         directory = weight_directory(weight_dir, self.weight_roots)
         resolved_version = version if version is not None else _step_of(directory)
+        source = read_full_weights(self.engine.model, directory, self.weight_roots)
+        fingerprint = weights_fingerprint(source.items())
+        parameters = dict(self.engine.model.named_parameters())
+        staged = {name: tensor.to(parameters[name].dtype) for name, tensor in source.items()}
 
         def load() -> None:
-            load_full_weights(self.engine.model, directory, self.weight_roots)
+            self.engine.install(staged, take=True)
             # a full update replaces the base: a merged adapter would now be stale
             self._base_weights = {}
             self._adapter = None
-            self._set(resolved_version, str(directory))
+            self._set(resolved_version, str(directory), fingerprint)
 
         self.engine.run_exclusive(load)
         logger.info("loaded weights from %s (version %s)", directory, resolved_version)
@@ -97,13 +105,18 @@ class ServedModel:
     ) -> WeightInfo:
         """Install weights between engine steps: staged copies received over NCCL/gloo, or a
         colocated trainer's tensors handed over in memory (`source` "memory"). A tensor that
-        already is the parameter's storage is not copied."""
+        already is the parameter's storage is not copied. When the tensors are every weight,
+        the fingerprint is theirs, computed here before the engine stops; a part (LoRA's merged
+        weights) is fingerprinted with the rest, on the engine's thread."""
+        names = {name for name, _ in self.engine.named_weights()}
+        whole = names == set(tensors)
+        fingerprint = weights_fingerprint(tensors.items()) if whole else None
 
         def install() -> None:
             self.engine.install(tensors)
             self._base_weights = {}
             self._adapter = None
-            self._set(step, source)
+            self._set(step, source, fingerprint)
 
         self.engine.run_exclusive(install)
         logger.info("installed weights version %d (%s)", step, source)
@@ -153,11 +166,12 @@ class ServedModel:
         self.engine.run_exclusive(unload)
         return self.info()
 
-    def _set(self, version: int, weight_dir: str | None) -> None:
-        """Called on the engine thread, between steps: tokens sampled from now on carry it."""
+    def _set(self, version: int, weight_dir: str | None, fingerprint: str | None = None) -> None:
+        """Called on the engine thread, between steps: tokens sampled from now on carry it.
+        `fingerprint`: of the weights as given; None: of the engine's weights as they are."""
         self.engine.weight_version = version
         self.engine.forget_prefixes()  # keys and values of the old weights
-        fingerprint = self._compute_fingerprint()
+        fingerprint = fingerprint or self._compute_fingerprint()
         with self._lock:
             self._version = version
             self._weight_dir = weight_dir
