@@ -45,7 +45,7 @@ from asyncrl.trainer.parallel import (
     shard_model,
     split_by_tokens,
 )
-from asyncrl.trainer.publish import open_sender, publish, receive_admitting
+from asyncrl.trainer.publish import WeightPublisher, open_sender, receive_admitting
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
@@ -80,6 +80,7 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
     sender = open_sender(config) if ranks.is_main else None
+    weights_out = WeightPublisher(run_dir, sender, config.max_async_level + 2, ranks)
     logger.info(
         "trainer: run %s, model %s, loss %s, recipe %s, %d rank(s)",
         run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
@@ -99,7 +100,7 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
             )  # fmt: skip
     spans, steps_since_log = StepSpans(), 0
     with contextlib.ExitStack() as cleanup:
-        for part in (colocated, receiver, sender):
+        for part in (colocated, receiver, sender, weights_out):
             if part is not None:
                 cleanup.callback(part.close)
         while config.max_steps < 0 or step <= config.max_steps:
@@ -132,13 +133,14 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
             with spans.span("weights_out"):
                 if colocated is not None:  # generation resumes while the files below are written
                     phases |= colocated.wake(step, model)
-                keep = config.max_async_level + 2
                 if colocated is None:
-                    publish(run_dir, step, model, sender, keep=keep, ranks=ranks)
+                    weights_out.publish(step, model)
                 elif step == config.max_steps or (
                     config.save_steps and step % config.save_steps == 0
-                ):
-                    publish_weights(run_dir, step, model, keep=keep, pushed=True)  # eval, export
+                ):  # for eval and export
+                    publish_weights(
+                        run_dir, step, model, keep=config.max_async_level + 2, pushed=True
+                    )
             with spans.span("checkpoint"):
                 maybe_sync_reference(reference, model, step, config)
                 maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
