@@ -15,6 +15,8 @@ inotify sees nothing) costs at most that long. Where inotify is missing, a short
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import os
 import select
@@ -74,6 +76,23 @@ class ArrivalWatch:
             return
         ready, _, _ = select.select([self.fd], [], [], min(seconds, RECHECK_S))
         if ready:
+            self._drain()
+
+    async def sleep_async(self, seconds: float) -> None:
+        """`sleep` for an event loop: the loop watches the descriptor meanwhile."""
+        if seconds <= 0:
+            return
+        if self.fd < 0:
+            await asyncio.sleep(min(seconds, FALLBACK_POLL_S))
+            return
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(self.fd, lambda: woken.done() or woken.set_result(None))
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken, min(seconds, RECHECK_S))
+        finally:
+            loop.remove_reader(self.fd)
             self._drain()
 
     def _drain(self) -> None:

@@ -7,6 +7,8 @@ weights; their earlier tokens keep the version that produced them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +59,8 @@ class ServedModel:
         self._adapter: LoraAdapter | None = None
         self._base_weights: dict[str, torch.Tensor] = {}
         self._fingerprint = self._compute_fingerprint()
+        # event loops awaiting a change of version (a long-polled /weight_info)
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     # reading -------------------------------------------------------------------------------------
     def info(self) -> WeightInfo:
@@ -67,6 +71,25 @@ class ServedModel:
                 self._weight_dir,
                 self._adapter.name if self._adapter else None,
             )
+
+    async def version_change(self, known: int, timeout: float) -> None:
+        """Return once the version is not `known` any more, or after `timeout` seconds: the
+        orchestrator learns of weights a colocated trainer installs the moment they are in,
+        instead of asking every 50 ms."""
+        loop = asyncio.get_running_loop()
+        changed: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._version != known:
+                return
+            self._waiters.append((loop, changed))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed, timeout)
+
+    def _wake_waiters(self) -> None:
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, changed in waiters:
+            loop.call_soon_threadsafe(lambda done=changed: done.done() or done.set_result(None))
 
     @property
     def adapter_name(self) -> str | None:
@@ -176,6 +199,7 @@ class ServedModel:
             self._version = version
             self._weight_dir = weight_dir
             self._fingerprint = fingerprint
+        self._wake_waiters()
 
     def _compute_fingerprint(self) -> str:
         return weights_fingerprint(self.engine.named_weights())

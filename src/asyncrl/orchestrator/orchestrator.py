@@ -35,6 +35,7 @@ from asyncrl.envs import Environment
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
 from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
+from asyncrl.file_arrival import RECHECK_S, ArrivalWatch
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
@@ -50,7 +51,7 @@ from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
 from asyncrl.transport.batches import done_path, last_batch_from
-from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
+from asyncrl.transport.broadcast import broadcasts_dir, broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.types import TrainingBatch
@@ -123,6 +124,7 @@ class Orchestrator:
             config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
+        self.broadcast_watch = ArrivalWatch()  # wakes `sync_weights` when weights are out
 
     def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
         """Worker processes running the environment's code here, or its env-server's."""
@@ -254,6 +256,7 @@ class Orchestrator:
             for pool in pools.values():
                 await pool.close()
             await self.clients.close()
+            self.broadcast_watch.close()
 
     async def launch(self, step: int) -> Group | None:
         drawn = self.buffer.draw()
@@ -416,7 +419,21 @@ class Orchestrator:
             if self.clients.oldest_version() >= need:
                 return
             wait.check()
-            await asyncio.sleep(0.05)
+            await self.weights_may_change()
+
+    async def weights_may_change(self) -> None:
+        """Sleep until a broadcast appears (inotify on `broadcasts/`) or a server reports
+        weights it was handed without one (a long-polled /weight_info), at most RECHECK_S:
+        the next step's generation starts the moment its weights exist."""
+        self.broadcast_watch.aim(broadcasts_dir(self.run_dir))
+        arrivals = asyncio.ensure_future(self.broadcast_watch.sleep_async(RECHECK_S))
+        pushed = asyncio.ensure_future(self.clients.version_change(RECHECK_S))
+        done, pending = await asyncio.wait([arrivals, pushed], return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # an error in either is a bug: let it surface
 
 
 def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:
