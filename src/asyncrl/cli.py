@@ -163,10 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from asyncrl.cpu_affinity import apply_cpu_affinity
     from asyncrl.heartbeat import start_heartbeat
     from asyncrl.log import setup_logging
 
     setup_logging()
+    try:
+        apply_cpu_affinity()  # before torch starts its threads
+    except ValueError as error:
+        print(f"asyncrl {name}: {error}", file=sys.stderr)
+        return 2
     start_heartbeat()
     try:
         command.run(config)
