@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from asyncrl.config.rl import RLConfig
+from asyncrl.config.rl import RLConfig, machine_deployment
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
+from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
     RoleSpec,
@@ -73,6 +74,14 @@ def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
     }
 
 
+def deployment_reason(config: RLConfig) -> str:
+    """What `deployment: auto` picks on this machine and why, beside the layout the run has."""
+    chosen, reason = machine_deployment(config.launcher)
+    if chosen == config.deployment:
+        return f"what auto picks here: {reason}"
+    return f"set in the config; auto would pick {chosen} here: {reason}"
+
+
 def role_python(role: str, config: RLConfig) -> str:
     """This interpreter, except for a trainer that hosts vLLM's engine (colocated): the
     interpreter of vLLM's venv, where vLLM's own torch is."""
@@ -99,7 +108,8 @@ def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
     logs = output / "logs"
-    config = prepare_resume(config)
+    config = serve_in_training_precision(prepare_resume(config))
+    logger.info("rl: deployment %s (%s)", config.deployment, deployment_reason(config))
     specs = role_specs(config, write_role_configs(config, output / "configs"), logs)
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
