@@ -38,6 +38,7 @@ def publish(
     keep: int,
     ranks: Ranks,
     gathered: dict[str, torch.Tensor] | None = None,
+    keep_every: int | None = None,
 ) -> None:
     """Weights version `step` out to inference at once: over NCCL/gloo, or as a broadcast
     directory. With several ranks every rank takes part in gathering the weights (unless
@@ -47,10 +48,11 @@ def publish(
     if not ranks.is_main:
         return
     if sender is None:
-        publish_weights(run_dir, step, model, keep=keep, state_dict=gathered)
+        publish_weights(run_dir, step, model, keep=keep, state_dict=gathered, keep_every=keep_every)
         return
     sender.send(step, model)
-    publish_marker(run_dir, step, weights_fingerprint(model.named_parameters()), keep=keep)
+    fingerprint = weights_fingerprint(model.named_parameters())
+    publish_marker(run_dir, step, fingerprint, keep=keep, keep_every=keep_every)
 
 
 class WeightPublisher:
@@ -64,8 +66,16 @@ class WeightPublisher:
     before), and a write that failed raises at the next publish or at `close`. A LoRA adapter
     is small and written at once."""
 
-    def __init__(self, run_dir: Path, sender: WeightSender | None, keep: int, ranks: Ranks):
+    def __init__(
+        self,
+        run_dir: Path,
+        sender: WeightSender | None,
+        keep: int,
+        ranks: Ranks,
+        keep_every: int | None = None,
+    ) -> None:
         self.run_dir, self.sender, self.keep, self.ranks = run_dir, sender, keep, ranks
+        self.keep_every = keep_every  # every N-th step's weights stay
         self.writer: threading.Thread | None = None
         self.failure: BaseException | None = None
 
@@ -75,7 +85,10 @@ class WeightPublisher:
             return
         self.wait()
         if self.sender is not None or hasattr(model, "peft_config"):
-            publish(self.run_dir, step, model, self.sender, self.keep, SINGLE_PROCESS, gathered)
+            publish(
+                self.run_dir, step, model, self.sender, self.keep, SINGLE_PROCESS, gathered,
+                self.keep_every,
+            )  # fmt: skip
             return
         snapshot = gathered if gathered is not None else weights_snapshot(model)
         self.writer = threading.Thread(
@@ -85,7 +98,10 @@ class WeightPublisher:
 
     def _write(self, step: int, model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
         try:
-            publish_weights(self.run_dir, step, model, keep=self.keep, state_dict=state)
+            publish_weights(
+                self.run_dir, step, model, keep=self.keep, state_dict=state,
+                keep_every=self.keep_every,
+            )  # fmt: skip
         except BaseException as error:  # raised in the training thread, at the next call
             self.failure = error
 

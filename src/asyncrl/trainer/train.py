@@ -80,7 +80,9 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
     sender = open_sender(config) if ranks.is_main else None
-    weights_out = WeightPublisher(run_dir, sender, config.max_async_level + 2, ranks)
+    weights_out = WeightPublisher(
+        run_dir, sender, config.max_async_level + 2, ranks, config.weights_interval
+    )
     logger.info(
         "trainer: run %s, model %s, loss %s, recipe %s, %d rank(s)",
         run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
@@ -135,12 +137,14 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
                     phases |= colocated.wake(step, model)
                 if colocated is None:
                     weights_out.publish(step, model)
-                elif step == config.max_steps or (
-                    config.save_steps and step % config.save_steps == 0
+                elif step == config.max_steps or any(
+                    interval and step % interval == 0
+                    for interval in (config.save_steps, config.weights_interval)
                 ):  # for eval and export
                     publish_weights(
-                        run_dir, step, model, keep=config.max_async_level + 2, pushed=True
-                    )
+                        run_dir, step, model, keep=config.max_async_level + 2, pushed=True,
+                        keep_every=config.weights_interval,
+                    )  # fmt: skip
             with spans.span("checkpoint"):
                 maybe_sync_reference(reference, model, step, config)
                 maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
