@@ -39,7 +39,7 @@ from asyncrl.envs.reverse_text import ReverseTextEnv
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.launch.inference_process import inference_server
 from asyncrl.models.init_model import init_model
-from benchmarks.machine import cpu_name
+from machine import cpu_name
 
 GROUP = 8
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

@@ -11,6 +11,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.envs import (
     arithmetic,
     calculator,
+    count,
     countdown,
     guess_number,
     jsonl_dataset,
@@ -27,6 +28,7 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "jsonl": jsonl_dataset.load_environment,
     "guess-number": guess_number.load_environment,
     "calculator": calculator.load_environment,
+    "count": count.load_environment,
 }
 
 
