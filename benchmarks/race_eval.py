@@ -21,7 +21,8 @@ from transformers import AutoTokenizer
 from asyncrl.envs.base import Environment, Example
 from asyncrl.launch.inference_process import inference_server
 
-SEED = 1234  # prompt i is sampled with seed SEED + i, for every snapshot of every system
+SEED = 1234  # the chunk from prompt i is sampled with seed SEED + i, for every snapshot
+CHUNK = 64  # prompts per request
 
 
 class SnapshotScorer:
@@ -51,18 +52,24 @@ class SnapshotScorer:
             }
 
     async def _mean_reward(self, client: httpx.AsyncClient, temperature: float) -> float:
-        async def one(index: int) -> float:
+        """All prompts, CHUNK per request (each request its own seed, the same for every
+        snapshot): the engine then holds hundreds of sequences at once."""
+
+        async def chunk(first: int) -> list[float]:
             body: dict[str, Any] = {
-                "prompt": self.prompt_ids[index], "max_tokens": self.max_tokens,
-                "temperature": temperature, "seed": SEED + index,
+                "prompt": self.prompt_ids[first : first + CHUNK],
+                "max_tokens": self.max_tokens, "temperature": temperature, "seed": SEED + first,
             }  # fmt: skip
             response = await client.post("/v1/completions", json=body)
             response.raise_for_status()
-            text = response.json()["choices"][0]["text"]
-            return float(self.env.reward(text, self.examples[index]))
+            choices = sorted(response.json()["choices"], key=lambda choice: choice["index"])
+            return [
+                float(self.env.reward(choice["text"], self.examples[first + number]))
+                for number, choice in enumerate(choices)
+            ]
 
-        rewards = await asyncio.gather(*(one(index) for index in range(len(self.examples))))
-        return statistics.fmean(rewards)
+        chunks = await asyncio.gather(*(chunk(i) for i in range(0, len(self.examples), CHUNK)))
+        return statistics.fmean(reward for rewards in chunks for reward in rewards)
 
 
 @contextmanager

@@ -76,9 +76,15 @@ def stop_at_budget(process: subprocess.Popen[bytes], launched: float, budget: fl
 
 
 def run_asyncrl(
-    system: str, seed: int, config: Path, sft: Path, out: Path, budget: float, every: int
+    system: str,
+    seed: int,
+    config: Path,
+    overrides: list[str],
+    out: Path,
+    budget: float,
+    every: int,
 ) -> Run:
-    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--model", str(sft),
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), *overrides,
                "--output_dir", str(out), "--max_steps", "1000000", "--orchestrator.eval", "null",
                "--trainer.weights_interval", str(every), "--trainer.seed", str(seed),
                "--orchestrator.seed", str(seed), "--inference.port", str(free_port())]  # fmt: skip
@@ -96,9 +102,9 @@ def run_asyncrl(
         if step % every == 0 and seconds <= budget:
             snapshots.append({"step": step, "seconds": seconds, "path": str(marker.parent)})
     decomposition, steps = asyncrl_decomposition(run_dir / "metrics.jsonl", budget, launched_wall)
-    resolved: RLConfig = load_config(RLConfig, [str(config)], ["--model", str(sft)] + (
-        ONPOLICY if system == "asyncrl-onpolicy" else []
-    ))  # fmt: skip
+    resolved: RLConfig = load_config(
+        RLConfig, [str(config)], overrides + (ONPOLICY if system == "asyncrl-onpolicy" else [])
+    )
     threads = {role: env.get("OMP_NUM_THREADS", "all") for role, env in
                thread_budget(resolved.deployment == "colocated").items() if env}  # fmt: skip
     return Run(system, seed, sorted(snapshots, key=lambda s: s["step"]), steps,
@@ -147,9 +153,18 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=1024, help="held-out prompts scored")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--out", type=Path, default=Path("outputs/race"))
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE",
+        help="overrides of the workload's config (`orchestrator.batch_size=64`), for every "
+        "system: TRL takes its settings from the same config",
+    )  # fmt: skip
     args = parser.parse_args()
     config = REPO / WORKLOADS[args.workload]
-    settings: RLConfig = load_config(RLConfig, [str(config)], ["--model", str(args.sft)])
+    overrides = ["--model", str(args.sft)]
+    for item in args.set:
+        key, _, value = item.partition("=")
+        overrides += [f"--{key}", value]
+    settings: RLConfig = load_config(RLConfig, [str(config)], overrides)
     env = load_environment(settings.orchestrator.env[0].id)
     max_tokens = int(settings.orchestrator.sampling.max_tokens or 64)
     every = dict(zip(SYSTEMS, args.every, strict=True))
@@ -166,7 +181,7 @@ def main() -> None:
                 if system == "trl":
                     run = run_trl(seed, settings, args.sft, out, args.budget, every[system])
                 else:
-                    run = run_asyncrl(system, seed, config, args.sft, out, args.budget,
+                    run = run_asyncrl(system, seed, config, overrides, out, args.budget,
                                       every[system])  # fmt: skip
                 points = [{**s, **scorer.score(Path(s["path"]))} for s in run.snapshots]
                 results.append({
@@ -184,7 +199,7 @@ def main() -> None:
               "start": start, **report,
               "settings": {"budget_s": args.budget, "seeds": args.seeds, "every": every,
                            "prompts": args.prompts, "completions_per_step": batch,
-                           "config": WORKLOADS[args.workload]}}  # fmt: skip
+                           "config": WORKLOADS[args.workload], "set": args.set}}  # fmt: skip
     (args.out / "race.json").write_text(json.dumps({"report": report, "runs": results}, indent=1))
     print(json.dumps(report))
 
