@@ -102,7 +102,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "init-model": Command(
-        "Build a tiny Llama- or Qwen2-shaped model and character tokenizer locally.",
+        "Build a tiny Llama- or Qwen2-shaped model with a character or Qwen BPE tokenizer locally.",
         InitModelConfig,
         _init_model,
     ),
