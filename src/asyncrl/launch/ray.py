@@ -208,7 +208,7 @@ class RayRun:
                 slot = slots[bundle]
                 label = "orch" if role == "orch" else f"{role}-{number}"
                 ray_name = f"asyncrl-{self.run_id}-{label}"
-                actor = remote_actor.options(
+                options = remote_actor.options(
                     name=ray_name,
                     num_cpus=slot.resources.get("CPU", 0.0),
                     num_gpus=slot.resources.get("GPU", 0.0),
@@ -216,8 +216,18 @@ class RayRun:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         self.placement_group, placement_group_bundle_index=bundle
                     ),
-                ).remote(label)
-                self.members.append(Member(label, slot, actor, ray_name))
+                )
+                member = Member(label, slot, None, ray_name)
+                try:
+                    member.actor = options.remote(label)
+                except self.ray.exceptions.RaySystemError as error:
+                    # the cluster already gave up on this driver (an earlier actor was destroyed):
+                    # Ray cancels the creation itself, "Actor creation cancelled"
+                    raise RoleFailed(
+                        f"{member.describe()} died before it ran.\n"
+                        f"{explain_unborn_actor(error, self.auth, self.ray)}"
+                    ) from None
+                self.members.append(member)
         # the first call waits for every actor's worker process (and its runtime_env) to start
         places = self.call_all(
             self.members, lambda m: m.actor.place.remote(), timeout=settings.startup_timeout

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 AUTH_MODE = "RAY_AUTH_MODE"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"
 REFUSED_CALL = "Missing authorization header"  # the driver's core-worker log, per refused call
+LOG_FLUSH_WAIT = 5.0  # seconds
 
 
 def authenticate_local_instance() -> bool:
@@ -77,10 +79,17 @@ def explain_unborn_actor(error: BaseException, auth: JoinedAuth, ray: Any) -> st
     parts = [f"Ray says:\n{said}"]
     refused = False
     if log is not None:
-        try:
-            refused = REFUSED_CALL in log.read_text(errors="replace")
-        except OSError:
-            refused = False
+        # Ray writes the refused call's line on its own thread: a driver that switched the
+        # token on gives it a moment to land before reading
+        deadline = time.monotonic() + (LOG_FLUSH_WAIT if auth.switched_on_by_ray else 0.0)
+        while True:
+            try:
+                refused = REFUSED_CALL in log.read_text(errors="replace")
+            except OSError:
+                refused = False
+            if refused or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         parts.append(f"Ray's logs for this driver: {log.parent}")
     if refused or auth.switched_on_by_ray:
         parts.append(

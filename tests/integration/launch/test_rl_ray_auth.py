@@ -58,7 +58,10 @@ def test_actors_destroyed_before_they_run_stop_the_run_with_the_cause(
     message = result.stderr
     assert "died before it ran" in message, message[-3000:]
     assert "(no log)" not in message
-    assert "The actor died unexpectedly before finishing this task" in message  # Ray's words
+    # Ray's words: the first actor is destroyed; one created after Ray gave up on the driver is
+    # cancelled at creation (CI met both orders)
+    assert ("The actor died unexpectedly before finishing this task" in message
+            or "Actor creation cancelled" in message)  # fmt: skip
     assert "refused to call back into it" in message  # read from the driver's own Ray log
     assert "Ray switched it on because ~/.ray/auth_token exists" in message
     assert "RAY_AUTH_MODE=disabled" in message  # the way out
