@@ -12,7 +12,6 @@ from asyncrl.config.base import ConfigError
 from asyncrl.envs import (
     arithmetic,
     calculator,
-    count,
     countdown,
     guess_number,
     jsonl_dataset,
@@ -30,7 +29,6 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "jsonl": jsonl_dataset.load_environment,
     "guess-number": guess_number.load_environment,
     "calculator": calculator.load_environment,
-    "count": count.load_environment,
 }
 
 

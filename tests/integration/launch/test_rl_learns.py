@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.launch.inference_process import free_port
@@ -21,12 +22,15 @@ from asyncrl.transport.batches import read_batch
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
-STEPS = 200
-# steps averaged at each end. Measured on an AMD EPYC (fp32 under `auto`, 1.4 s per step):
-# z = 9.6 at 250 steps, 10.6 at 200 (the whole test 6 min 36 s), 4.5 at 150; from a weaker
-# 40-step SFT start 8.1 (250 steps); at a damaging lr 4.9
-WINDOW = 60
-ASYNC = OFF_POLICY = 0  # examples/reverse_text/rl.yaml: colocated, on-policy
+STEPS = 120  # of 64 completions each, as the example trains
+# steps averaged at each end. Measured with 32 completions per step on an AMD EPYC (fp32 under
+# `auto`, 1.4 s per step): z = 9.6 at 250 steps, 10.6 at 200, 4.5 at 150; from a weaker 40-step
+# SFT start 8.1 (250 steps); at a damaging lr 4.9. 120 steps of 64 train on as many completions
+# as 240 of 32.
+WINDOW = 40
+EXAMPLE = yaml.safe_load((REPO / "examples/reverse_text/rl.yaml").read_text())
+ASYNC = EXAMPLE["max_async_level"]
+OFF_POLICY = EXAMPLE["orchestrator"]["max_off_policy_steps"]
 
 
 def asyncrl(*args: str) -> None:

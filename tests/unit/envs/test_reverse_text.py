@@ -1,10 +1,18 @@
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from asyncrl.envs import load_environment
 from asyncrl.envs.registry import EnvironmentLoadError
-from asyncrl.envs.reverse_text import ReverseTextEnv, lcs_length, lcs_ratio, split_of
+from asyncrl.envs.reverse_text import (
+    ReverseTextEnv,
+    lcs_length,
+    lcs_length_reference,
+    lcs_ratio,
+    split_of,
+)
 
 
 @pytest.mark.parametrize(
@@ -70,3 +78,23 @@ def test_unknown_environment_and_bad_args_are_clear_errors() -> None:
         load_environment("someone/no-such-env")
     with pytest.raises(EnvironmentLoadError, match="bad args"):
         load_environment("reverse-text", {"colour": "red"})
+
+
+def test_bit_parallel_lcs_equals_the_dynamic_programme_on_random_strings() -> None:
+    rng = random.Random(0)
+    for _ in range(2000):
+        first = "".join(rng.choice("ab c") for _ in range(rng.randint(0, 60)))
+        second = "".join(rng.choice("abc d") for _ in range(rng.randint(0, 60)))
+        assert lcs_length(first, second) == lcs_length_reference(first, second), (first, second)
+    long = "".join(rng.choice("abcdefgh ") for _ in range(300))
+    assert lcs_length(long, long[::-1]) == lcs_length_reference(long, long[::-1])
+
+
+def test_log_uniform_lengths_give_a_long_tail_within_the_bounds() -> None:
+    env = ReverseTextEnv(max_length=256, lengths="log-uniform")
+    lengths = sorted(len(example.answer) for example in env.examples("train", 2000))
+    assert lengths[0] >= 5 and lengths[-1] <= 256
+    median, tail = lengths[len(lengths) // 2], lengths[int(0.95 * len(lengths))]
+    assert median < 60 < 150 < tail  # most short, a few long
+    with pytest.raises(ValueError, match="lengths"):
+        ReverseTextEnv(lengths="normal")  # type: ignore[arg-type]
