@@ -392,9 +392,12 @@ class Orchestrator:
         waits it also asks the servers: a colocated trainer hands them weights without a
         broadcast. A server back from a restart gets the newest weights before any work, and
         servers whose weights a restarted trainer withdrew go back to its newest broadcast."""
-        served_base = " and its served base" if self.config.load_trainer_base else ""
         wait = Wait(
-            f"weights version {need} from the trainer{served_base}", logger,
+            f"weights version {need} from the trainer", logger,
+            self.config.ckpt.wait_for_weights_timeout,
+        )  # fmt: skip
+        base_wait = Wait(
+            f"the trainer's served base in {self.run_dir}", logger,
             self.config.ckpt.wait_for_weights_timeout,
         )  # fmt: skip
         while True:
@@ -402,7 +405,7 @@ class Orchestrator:
                 await self.clients.refresh_versions()
             await self.clients.revive()  # servers that were down and answer again
             if not await self.hold_trainer_base():  # not published yet: the trainer is starting
-                wait.check()
+                base_wait.check()
                 await asyncio.sleep(0.05)
                 continue
             async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile

@@ -1,0 +1,107 @@
+"""`asyncrl rl` with a 4-bit NF4 base (`qlora_bnb`) learns reverse-text, resumes from its
+checkpoint, and with `qlora_served_base: dequantized` the servers sample from exactly the
+policy the trainer trains: the mismatch KL stays at float rounding.
+
+The start is a random `tiny` model with an untied head, and the adapters include the head:
+a random model's logits barely move through its decoder layers alone (tiny embeddings), so
+that is where 20 steps can show learning; the decoder's adapters train through the 4-bit base
+at the same time (their gradients equal a dense model's: tests/unit/trainer/
+test_quantized_base.py). Measured on a loaded 2-core AMD EPYC at this learning rate: reward
+0.08 → ~0.2 in 10 to 16 steps (slope t = 4.7 and 6.7 over 16 steps in two runs); 2e-2 rose
+faster and collapsed to one repeated token by step 12."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asyncrl.config.init_model import InitModelConfig
+from asyncrl.launch.inference_process import free_port
+from asyncrl.models.init_model import init_model
+from asyncrl.monitor.metrics import read_metrics
+from asyncrl.transport.broadcast import latest_broadcast
+from asyncrl.transport.served_base import read_served_base
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+pytest.importorskip("bitsandbytes")
+
+FIRST, TOTAL = 10, 20  # steps of the first run (checkpointed every 5), then of the resumed one
+
+
+def rl_config(model: Path, output: Path) -> Path:
+    config = {
+        "model": str(model), "output_dir": str(output), "seq_len": 128,
+        "max_async_level": 0,  # on-policy: the mismatch KL is then the served base's alone
+        "inference": {"port": free_port(), "max_num_seqs": 64, "dtype": "float32"},
+        "orchestrator": {"env": [{"id": "reverse-text"}], "batch_size": 32,
+                         "rollouts_per_example": 8, "sampling": {"max_tokens": 12},
+                         "ckpt": {"interval": 5}},
+        "trainer": {"lora": True, "qlora_bnb": True, "qlora_served_base": "dequantized",
+                    "lora_rank": 8, "lora_target_modules": [
+                        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                        "down_proj", "lm_head"],
+                    "optimizer": "adamw", "recipe": "fp32", "learning_rate": 8e-3,
+                    "weight_decay": 0.0, "loss": {"type": "grpo_clip"}},
+    }  # fmt: skip
+    path = output.parent / "rl.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def reward_trend(rewards: list[float]) -> tuple[float, float]:
+    """Least-squares slope of reward over steps and its t statistic (slope / standard error):
+    every step counts, so it tells a rise from step-to-step noise with fewer steps than
+    comparing the two ends."""
+    steps = list(range(len(rewards)))
+    slope, intercept = statistics.linear_regression(steps, rewards)
+    residuals = [r - intercept - slope * s for s, r in zip(steps, rewards, strict=True)]
+    sigma = (sum(e * e for e in residuals) / (len(rewards) - 2)) ** 0.5
+    spread = sum((s - statistics.fmean(steps)) ** 2 for s in steps)
+    return slope, slope / (sigma / spread**0.5)
+
+
+def rl(config: Path, *extra: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "rl", str(config), *extra],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_qlora_learns_resumes_and_serves_its_own_dequantized_base(tmp_path: Path) -> None:
+    model = init_model(InitModelConfig(
+        preset="tiny", tie_word_embeddings=False, output_dir=str(tmp_path / "model"),
+    ))  # fmt: skip
+    output = tmp_path / "run"
+    run_dir = output / "run_default"
+    config = rl_config(model, output)
+    rl(config, "--max_steps", str(FIRST))
+    base = read_served_base(run_dir)
+    assert base is not None
+    rl(config, "--max_steps", str(TOTAL), "--orchestrator.ckpt.resume_step", "-1")
+    assert read_served_base(run_dir) == base  # the resumed trainer found the same base there
+
+    records = read_metrics(run_dir / "metrics.jsonl")
+    trainer = sorted((r for r in records if r["role"] == "trainer"), key=lambda r: r["step"])
+    orchestrator = [r for r in records if r["role"] == "orchestrator"]
+    assert [r["step"] for r in trainer] == list(range(1, TOTAL + 1))
+    assert sorted(r["step"] for r in orchestrator) == list(range(1, TOTAL + 1))
+
+    # the servers sample from the trainer's own policy: 4-bit base dequantized, adapter merged
+    # (the servers' original float32 base would give ~1e-3 here on this model)
+    assert max(r["trainer/mismatch_kl"] for r in trainer) < 1e-5
+
+    rewards = [r["orchestrator/reward_mean"] for r in sorted(orchestrator, key=lambda r: r["step"])]
+    slope, t = reward_trend(rewards)
+    assert t > 3, f"reward slope {slope:.4f}/step, t = {t:.1f} (needs > 3): {rewards}"
+
+    broadcast = latest_broadcast(run_dir)
+    assert broadcast is not None and (broadcast.step, broadcast.kind) == (TOTAL, "lora")
+    assert not list(broadcast.path.glob("model*.safetensors"))  # the adapter only
+    assert "holds the trainer's served base" in (output / "logs" / "orch.log").read_text()
