@@ -5,7 +5,8 @@
   dense: embeddings, norms, head) against the same base in float32;
 - step time: the real `train_step` on the `small` preset, QLoRA and plain LoRA alternated in
   one run so machine noise hits both alike, for the recipes given (quick-start batch shape:
-  4 prompts × 8 completions, prompts of 34 tokens, completions of 8–24);
+  4 prompts × 8 completions, prompts of 34 tokens, completions of 8–24); the median and the
+  best of the repeats (the best is the figure to trust on a machine others load);
 - mismatch (`--mismatch`): short `asyncrl rl` runs (on-policy, `max_async_level: 0`) with plain
   LoRA, QLoRA serving the servers' own float32 base, and QLoRA serving its dequantized base;
   the mean of `trainer/mismatch_kl` over the steps of each.
@@ -108,9 +109,12 @@ def step_times(path: Path, recipes: list[str], repeats: int) -> dict[str, dict[s
     results = {}
     for recipe in recipes:
         lora, qlora = (statistics.median(times[(recipe, q)]) for q in (False, True))
+        lora_best, qlora_best = (min(times[(recipe, q)]) for q in (False, True))
         results[recipe] = {
             "lora_step_s": round(lora, 3), "qlora_step_s": round(qlora, 3),
             "qlora_over_lora": round(qlora / lora, 2),
+            "lora_best_s": round(lora_best, 3), "qlora_best_s": round(qlora_best, 3),
+            "qlora_over_lora_best": round(qlora_best / lora_best, 2),
             "lora_all_s": [round(t, 3) for t in times[(recipe, False)]],
             "qlora_all_s": [round(t, 3) for t in times[(recipe, True)]],
         }  # fmt: skip
@@ -155,9 +159,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="asyncrl-qlora-") as temp:
         root = Path(temp)
         models = {
-            preset: init_model(InitModelConfig(
-                preset=preset, tie_word_embeddings=False, output_dir=str(root / preset)
-            ))  # fmt: skip
+            preset: init_model(
+                InitModelConfig(
+                    preset=preset, tie_word_embeddings=False, output_dir=str(root / preset)
+                )
+            )
             for preset in PRESETS
         }
         report = {
