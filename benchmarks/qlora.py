@@ -7,13 +7,14 @@
   one run so machine noise hits both alike, for the recipes given (quick-start batch shape:
   4 prompts × 8 completions, prompts of 34 tokens, completions of 8–24); the median and the
   best of the repeats (the best is the figure to trust on a machine others load);
-- mismatch (`--mismatch`): short `asyncrl rl` runs (on-policy, `max_async_level: 0`) with plain
+- mismatch: short `asyncrl rl` runs (on-policy, `max_async_level: 0`) with plain
   LoRA, QLoRA serving the servers' own float32 base, and QLoRA serving its dequantized base;
   the mean of `trainer/mismatch_kl` over the steps of each.
 
 Prints one JSON line:
 
-    python benchmarks/qlora.py [--repeats 5] [--recipes fp32 bf16] [--mismatch]
+    python benchmarks/qlora.py [--repeats 5] [--recipes fp32 bf16] \\
+        [--parts memory step_time mismatch]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from asyncrl.types import TrainingBatch, TrainingSample
 from machine import cpu_name  # benchmarks/machine.py, beside this file
 
 MISMATCH_STEPS = 6
+PARTS = ("memory", "step_time", "mismatch")
 
 
 def trainer_config(model: Path, qlora: bool, recipe: str = "fp32") -> TrainerConfig:
@@ -154,7 +156,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--recipes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
-    parser.add_argument("--mismatch", action="store_true")
+    parser.add_argument(
+        "--parts", nargs="+", default=list(PARTS), choices=PARTS, help="What to measure."
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="asyncrl-qlora-") as temp:
         root = Path(temp)
@@ -166,13 +170,15 @@ def main() -> None:
             )
             for preset in PRESETS
         }
-        report = {
+        report: dict[str, object] = {
             "benchmark": "qlora", "cpu": cpu_name(), "cores": os.cpu_count(),
             "threads": torch.get_num_threads(), "repeats": args.repeats,
-            "memory": memory(models),
-            "step_time_small": step_times(models["small"], args.recipes, args.repeats),
         }  # fmt: skip
-        if args.mismatch:
+        if "memory" in args.parts:
+            report["memory"] = memory(models)
+        if "step_time" in args.parts:
+            report["step_time_small"] = step_times(models["small"], args.recipes, args.repeats)
+        if "mismatch" in args.parts:
             report[f"mismatch_kl_small_{MISMATCH_STEPS}_steps"] = mismatch(models["small"], root)
     print(json.dumps(report))
 

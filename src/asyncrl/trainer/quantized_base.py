@@ -26,6 +26,7 @@ trainer publishes once (`transport/served_base.py`): the same weights the traine
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -101,6 +102,11 @@ def base_quantization(
 
 
 def _need_bitsandbytes() -> None:
+    # On an AVX512-BF16 CPU, importing bitsandbytes tries `kernels` (a package that fetches
+    # compiled code from the Hugging Face hub) for a faster 4-bit CPU matmul, and without it
+    # logs a warning that recommends installing it. asyncrl does not fetch code at run time,
+    # and the training path (float32 or bf16 dequantize-then-matmul) never uses that kernel.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
         import bitsandbytes  # noqa: F401
     except ImportError as error:
