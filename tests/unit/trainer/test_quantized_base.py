@@ -28,6 +28,8 @@ from asyncrl.trainer.quantized_base import (
 from asyncrl.trainer.train import train_step
 from asyncrl.types import TrainingBatch, TrainingSample
 
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("bitsandbytes")
 
 # NF4: the 16 quantiles of N(0, 1) scaled to [-1, 1], Appendix E of the QLoRA paper
