@@ -243,6 +243,13 @@ class TrainerConfig(TrainingConfig):
                 "`qlora_served_base: dequantized` serves a quantized base; set `qlora_bnb` "
                 "(or another QLoRA key) or leave it at `original`"
             )
+        if self.qlora_fp8 and self.world_size > 1:
+            raise ValueError(
+                "`qlora_fp8` with `world_size` > 1: FSDP2's mixed precision casts floating-point "
+                "parameters to the compute dtype, FP8 weights included, which would then reach "
+                "their layers without their block scales; `qlora_bnb` (NF4, stored as integers) "
+                "runs on several ranks"
+            )
         colocated = self.colocated_inference is not None
         if quantized and colocated and self.qlora_served_base != "dequantized":
             raise ValueError(

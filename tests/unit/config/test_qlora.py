@@ -40,6 +40,12 @@ def test_serving_a_dequantized_base_needs_a_quantized_one() -> None:
     assert "`qlora_served_base: dequantized` serves a quantized base" in message
 
 
+def test_fp8_is_refused_on_several_ranks_and_says_why() -> None:
+    message = error_of(TrainerConfig, ["--model", "m", "--qlora_fp8", "true", "--world_size", "2"])
+    assert "`qlora_fp8` with `world_size` > 1" in message and "block scales" in message
+    load_config(TrainerConfig, [], ["--model", "m", "--qlora_bnb", "true", "--world_size", "2"])
+
+
 def rl(*overrides: str) -> RLConfig:
     base = ["--model", "m", "--orchestrator.env", '[{"id": "reverse-text"}]',
             "--trainer.qlora_bnb", "true"]  # fmt: skip
