@@ -6,9 +6,12 @@ The start is a random `tiny` model with an untied head, and the adapters include
 a random model's logits barely move through its decoder layers alone (tiny embeddings), so
 that is where 20 steps can show learning; the decoder's adapters train through the 4-bit base
 at the same time (their gradients equal a dense model's: tests/unit/trainer/
-test_quantized_base.py). Measured on a loaded 2-core AMD EPYC at this learning rate: reward
-0.08 → ~0.2 in 10 to 16 steps (slope t = 4.7 and 6.7 over 16 steps in two runs); 2e-2 rose
-faster and collapsed to one repeated token by step 12."""
+test_quantized_base.py). Reward rises from ~0.07 to a plateau near 0.2 once the policy
+concentrates on letters, somewhere between steps 4 and 11. So the test compares the start
+(steps 1–3, before the updates have moved the policy) with the resumed run (steps 11–20), which
+also shows that the resume kept what was learned. Measured on a loaded 2-core AMD EPYC over
+eight runs: z = 7.1, 7.7 and 8.6 with these settings, 5.0 to 10.8 with 64 completions per step;
+lr 2e-2 collapsed to one repeated token by step 12."""
 
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 pytest.importorskip("bitsandbytes")
 
 FIRST, TOTAL = 10, 20  # steps of the first run (checkpointed every 5), then of the resumed one
+START = 3  # steps of the starting policy, compared with those of the resumed run
 
 
 def rl_config(model: Path, output: Path) -> Path:
@@ -52,18 +56,6 @@ def rl_config(model: Path, output: Path) -> Path:
     path = output.parent / "rl.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def reward_trend(rewards: list[float]) -> tuple[float, float]:
-    """Least-squares slope of reward over steps and its t statistic (slope / standard error):
-    every step counts, so it tells a rise from step-to-step noise with fewer steps than
-    comparing the two ends."""
-    steps = list(range(len(rewards)))
-    slope, intercept = statistics.linear_regression(steps, rewards)
-    residuals = [r - intercept - slope * s for s, r in zip(steps, rewards, strict=True)]
-    sigma = (sum(e * e for e in residuals) / (len(rewards) - 2)) ** 0.5
-    spread = sum((s - statistics.fmean(steps)) ** 2 for s in steps)
-    return slope, slope / (sigma / spread**0.5)
 
 
 def rl(config: Path, *extra: str) -> None:
@@ -98,8 +90,10 @@ def test_qlora_learns_resumes_and_serves_its_own_dequantized_base(tmp_path: Path
     assert max(r["trainer/mismatch_kl"] for r in trainer) < 1e-5
 
     rewards = [r["orchestrator/reward_mean"] for r in sorted(orchestrator, key=lambda r: r["step"])]
-    slope, t = reward_trend(rewards)
-    assert t > 3, f"reward slope {slope:.4f}/step, t = {t:.1f} (needs > 3): {rewards}"
+    first, last = rewards[:START], rewards[FIRST:]
+    spread = (statistics.variance(first) / START + statistics.variance(last) / len(last)) ** 0.5
+    gain = statistics.fmean(last) - statistics.fmean(first)
+    assert gain > 3 * spread, f"gain {gain:.4f} within 3 standard errors ({spread:.4f}): {rewards}"
 
     broadcast = latest_broadcast(run_dir)
     assert broadcast is not None and (broadcast.step, broadcast.kind) == (TOTAL, "lora")
