@@ -135,7 +135,7 @@ def mismatch(path: Path, root: Path) -> dict[str, float]:
         output = root / name
         config = {
             "model": str(path), "output_dir": str(output), "seq_len": 128,
-            "max_steps": MISMATCH_STEPS, "max_async_level": 0,
+            "max_steps": MISMATCH_STEPS, "max_async_level": 0, "deployment": "disaggregated",
             "inference": {"port": free_port(), "max_num_seqs": 64, "dtype": "float32"},
             "orchestrator": {"env": [{"id": "reverse-text"}], "batch_size": 32,
                              "rollouts_per_example": 8, "sampling": {"max_tokens": 16}},

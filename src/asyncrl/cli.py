@@ -102,7 +102,7 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "init-model": Command(
-        "Build a tiny Llama- or Qwen2-shaped model and character tokenizer locally.",
+        "Build a tiny Llama- or Qwen2-shaped model with a character or Qwen BPE tokenizer locally.",
         InitModelConfig,
         _init_model,
     ),
@@ -163,10 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     if print_config:
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
         return 0
+    from asyncrl.cpu_affinity import apply_cpu_affinity
     from asyncrl.heartbeat import start_heartbeat
     from asyncrl.log import setup_logging
 
     setup_logging()
+    try:
+        apply_cpu_affinity()  # before torch starts its threads
+    except ValueError as error:
+        print(f"asyncrl {name}: {error}", file=sys.stderr)
+        return 2
     start_heartbeat()
     try:
         command.run(config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,10 +85,24 @@ def running(name: str, model_dir: Path, weight_root: Path, log: Path) -> Iterato
         yield Engine(name, url, str(model_dir), model_dir, weight_root)
 
 
+# the servers `engine` started, stopped once the contract's tests are done (see below)
+_STARTED = ExitStack()
+
+
 @pytest.fixture(scope="session", params=ENGINES)
 def engine(
     request: pytest.FixtureRequest, base_model_dir: Path, contract_root: Path
 ) -> Iterator[Engine]:
     log = contract_root / f"{request.param}.log"
-    with running(request.param, base_model_dir, contract_root / "weights", log) as started:
-        yield started
+    yield _STARTED.enter_context(
+        running(request.param, base_model_dir, contract_root / "weights", log)
+    )
+    _STARTED.close()
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A session-scoped server lives until the session ends, so the last engine (vLLM: three
+    processes, 2 GB, a few % of a core while idle) used to serve nobody through every later
+    test, the Ray tests included. It stops when the next test is not one of the contract's."""
+    if nextitem is None or Path(str(nextitem.path)).parent != Path(__file__).parent:
+        _STARTED.close()

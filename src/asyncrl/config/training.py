@@ -31,7 +31,12 @@ class TrainingConfig(StrictModel):
         4, gt=0, description="Micro-batches per optimizer step."
     )
     max_steps: int = Field(-1, ge=-1, description="Training steps (-1 = no fixed limit).")
-    learning_rate: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    learning_rate: float = Field(
+        2e-4,
+        ge=0,
+        description="Peak learning rate (0 trains nothing: a check that the trainer's logprobs "
+        "are the sampler's, step after step).",
+    )
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(
         "constant", description="Learning-rate schedule after warmup."
     )

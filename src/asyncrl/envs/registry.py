@@ -1,5 +1,6 @@
-"""Resolve an `env.id` to an environment: a built-in name, else the `verifiers` rule
-(`owner/some-env` -> import module `some_env` -> `load_environment(**args)`)."""
+"""Resolve an `env.id` to an environment: a built-in name, a reasoning-gym dataset
+(`reasoning-gym/<dataset>`), else the `verifiers` rule (`owner/some-env` -> import module
+`some_env` -> `load_environment(**args)`)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from asyncrl.config.base import ConfigError
 from asyncrl.envs import (
     arithmetic,
     calculator,
+    count,
     countdown,
     guess_number,
     jsonl_dataset,
     math_answers,
+    reasoning_gym_tasks,
     reverse_text,
 )
 from asyncrl.envs.base import Environment
@@ -27,6 +30,7 @@ BUILTIN: dict[str, Callable[..., Any]] = {
     "jsonl": jsonl_dataset.load_environment,
     "guess-number": guess_number.load_environment,
     "calculator": calculator.load_environment,
+    "count": count.load_environment,
 }
 
 
@@ -37,6 +41,12 @@ class EnvironmentLoadError(ConfigError):
 
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
     args = args or {}
+    if env_id.startswith(reasoning_gym_tasks.PREFIX):
+        dataset = env_id.removeprefix(reasoning_gym_tasks.PREFIX)
+        try:
+            return reasoning_gym_tasks.load_reasoning_gym(dataset, **args)
+        except (reasoning_gym_tasks.ReasoningGymError, TypeError) as error:
+            raise EnvironmentLoadError(f"environment `{env_id}`: {error}") from error
     if env_id in BUILTIN:
         factory = BUILTIN[env_id]
     else:

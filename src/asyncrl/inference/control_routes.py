@@ -20,6 +20,8 @@ from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.types import PauseMode
 
+LONGEST_WAIT_S = 30.0  # a long-polled /weight_info answers within this, changed or not
+
 
 def open_router(served: ServedModel, receiver: WeightReceiverThread | None) -> APIRouter:
     """Routes any client may call, key or not: /health, /version, /metrics."""
@@ -73,7 +75,11 @@ def control_router(served: ServedModel) -> APIRouter:
         return await weights_call(served.unload_lora, body.lora_name)
 
     @router.get("/weight_info")
-    async def weight_info() -> dict[str, Any]:
+    async def weight_info(changed_from: int | None = None, wait: float = 0.0) -> dict[str, Any]:
+        """With `changed_from` and `wait`: answers once the version is not `changed_from`, or
+        after `wait` seconds (at most LONGEST_WAIT_S), whichever comes first."""
+        if changed_from is not None and wait > 0:
+            await served.version_change(changed_from, min(wait, LONGEST_WAIT_S))
         return _info(served.info())
 
     @router.post("/pause")

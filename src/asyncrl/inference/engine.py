@@ -127,14 +127,24 @@ class Engine(EngineThread):
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
 
-    def install(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy weights by parameter name; a tensor that already is the parameter's storage (a
-        colocated trainer's, shared) is not copied. Call on the engine thread."""
+    def install(self, tensors: dict[str, torch.Tensor], take: bool = False) -> None:
+        """Weights by parameter name; a tensor that already is the parameter's storage (a
+        colocated trainer's, shared) is not copied. `take`: the tensors are the engine's to
+        keep (staged for it), so one of the parameter's dtype and device becomes its storage
+        instead of being copied. Call on the engine thread."""
         parameters = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in tensors.items():
-                if parameters[name].data_ptr() != tensor.data_ptr():
-                    parameters[name].copy_(tensor)
+                parameter = parameters[name]
+                if parameter.data_ptr() == tensor.data_ptr():
+                    continue
+                same_kind = (tensor.dtype, tensor.device, tensor.shape) == (
+                    parameter.dtype, parameter.device, parameter.shape,
+                )  # fmt: skip
+                if take and same_kind:
+                    parameter.data = tensor
+                else:
+                    parameter.copy_(tensor)
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self.model.named_parameters()

@@ -12,12 +12,16 @@ class EngineStats:
     def __init__(self, window_seconds: float = 10.0) -> None:
         self.generated_tokens = 0
         self.prefill_tokens = 0  # tokens run through prefill (a shared prompt counts once)
+        self.busy_seconds = 0.0  # time spent in steps (prefill and decode), summed
+        self.steps = 0
         self.window_seconds = window_seconds
         self._recent: deque[tuple[float, int]] = deque()
 
-    def record(self, tokens: int, _elapsed: float) -> None:
+    def record(self, tokens: int, elapsed: float) -> None:
         now = time.monotonic()
         self.generated_tokens += tokens
+        self.busy_seconds += elapsed
+        self.steps += 1
         self._recent.append((now, tokens))
         while self._recent and self._recent[0][0] < now - self.window_seconds:
             self._recent.popleft()

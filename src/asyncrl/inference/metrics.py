@@ -13,6 +13,13 @@ def render_metrics(engine: ServingEngine, model_name: str) -> str:
         "# HELP asyncrl:generation_tokens_total Tokens generated since start.",
         "# TYPE asyncrl:generation_tokens_total counter",
         f"asyncrl:generation_tokens_total{label} {engine.stats.generated_tokens}",
+        "# HELP asyncrl:engine_busy_seconds_total Seconds the engine spent stepping (prefill, "
+        "decode, sampling), summed: busy time over wall time is its utilisation.",
+        "# TYPE asyncrl:engine_busy_seconds_total counter",
+        f"asyncrl:engine_busy_seconds_total{label} {engine.stats.busy_seconds:.6f}",
+        "# HELP asyncrl:engine_steps_total Engine steps (one batched forward pass each).",
+        "# TYPE asyncrl:engine_steps_total counter",
+        f"asyncrl:engine_steps_total{label} {engine.stats.steps}",
         "# HELP asyncrl:tokens_per_s Generated tokens per second over the last 10 s.",
         "# TYPE asyncrl:tokens_per_s gauge",
         f"asyncrl:tokens_per_s{label} {engine.stats.tokens_per_second():.3f}",

@@ -7,6 +7,8 @@ weights; their earlier tokens keep the version that produced them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +20,7 @@ from asyncrl.inference.weights import (
     LoraAdapter,
     WeightLoadError,
     apply_lora,
-    load_full_weights,
+    read_full_weights,
     read_lora_adapter,
     weight_directory,
 )
@@ -57,6 +59,8 @@ class ServedModel:
         self._adapter: LoraAdapter | None = None
         self._base_weights: dict[str, torch.Tensor] = {}
         self._fingerprint = self._compute_fingerprint()
+        # event loops awaiting a change of version (a long-polled /weight_info)
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
     # reading -------------------------------------------------------------------------------------
     def info(self) -> WeightInfo:
@@ -68,6 +72,25 @@ class ServedModel:
                 self._adapter.name if self._adapter else None,
             )
 
+    async def version_change(self, known: int, timeout: float) -> None:
+        """Return once the version is not `known` any more, or after `timeout` seconds: the
+        orchestrator learns of weights a colocated trainer installs the moment they are in,
+        instead of asking every 50 ms."""
+        loop = asyncio.get_running_loop()
+        changed: asyncio.Future[None] = loop.create_future()
+        with self._lock:
+            if self._version != known:
+                return
+            self._waiters.append((loop, changed))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(changed, timeout)
+
+    def _wake_waiters(self) -> None:
+        with self._lock:
+            waiters, self._waiters = self._waiters, []
+        for loop, changed in waiters:
+            loop.call_soon_threadsafe(lambda done=changed: done.done() or done.set_result(None))
+
     @property
     def adapter_name(self) -> str | None:
         return self._adapter.name if self._adapter else None
@@ -78,15 +101,23 @@ class ServedModel:
 
     # changing weights ----------------------------------------------------------------------------
     def update_weights(self, weight_dir: str, version: int | None) -> WeightInfo:
+        """Read, check, fingerprint and cast the weights on the caller's thread while the
+        engine goes on generating; it stops only for the swap (its own tensors replaced by the
+        staged ones, no copy). The fingerprint is the checkpoint's, as the trainer wrote it,
+        whatever dtype the engine serves in."""
         directory = weight_directory(weight_dir, self.weight_roots)
         resolved_version = version if version is not None else _step_of(directory)
+        source = read_full_weights(self.engine.model, directory, self.weight_roots)
+        fingerprint = weights_fingerprint(source.items())
+        parameters = dict(self.engine.model.named_parameters())
+        staged = {name: tensor.to(parameters[name].dtype) for name, tensor in source.items()}
 
         def load() -> None:
-            load_full_weights(self.engine.model, directory, self.weight_roots)
+            self.engine.install(staged, take=True)
             # a full update replaces the base: a merged adapter would now be stale
             self._base_weights = {}
             self._adapter = None
-            self._set(resolved_version, str(directory))
+            self._set(resolved_version, str(directory), fingerprint)
 
         self.engine.run_exclusive(load)
         logger.info("loaded weights from %s (version %s)", directory, resolved_version)
@@ -97,13 +128,18 @@ class ServedModel:
     ) -> WeightInfo:
         """Install weights between engine steps: staged copies received over NCCL/gloo, or a
         colocated trainer's tensors handed over in memory (`source` "memory"). A tensor that
-        already is the parameter's storage is not copied."""
+        already is the parameter's storage is not copied. When the tensors are every weight,
+        the fingerprint is theirs, computed here before the engine stops; a part (LoRA's merged
+        weights) is fingerprinted with the rest, on the engine's thread."""
+        names = {name for name, _ in self.engine.named_weights()}
+        whole = names == set(tensors)
+        fingerprint = weights_fingerprint(tensors.items()) if whole else None
 
         def install() -> None:
             self.engine.install(tensors)
             self._base_weights = {}
             self._adapter = None
-            self._set(step, source)
+            self._set(step, source, fingerprint)
 
         self.engine.run_exclusive(install)
         logger.info("installed weights version %d (%s)", step, source)
@@ -153,15 +189,17 @@ class ServedModel:
         self.engine.run_exclusive(unload)
         return self.info()
 
-    def _set(self, version: int, weight_dir: str | None) -> None:
-        """Called on the engine thread, between steps: tokens sampled from now on carry it."""
+    def _set(self, version: int, weight_dir: str | None, fingerprint: str | None = None) -> None:
+        """Called on the engine thread, between steps: tokens sampled from now on carry it.
+        `fingerprint`: of the weights as given; None: of the engine's weights as they are."""
         self.engine.weight_version = version
         self.engine.forget_prefixes()  # keys and values of the old weights
-        fingerprint = self._compute_fingerprint()
+        fingerprint = fingerprint or self._compute_fingerprint()
         with self._lock:
             self._version = version
             self._weight_dir = weight_dir
             self._fingerprint = fingerprint
+        self._wake_waiters()
 
     def _compute_fingerprint(self) -> str:
         return weights_fingerprint(self.engine.named_weights())

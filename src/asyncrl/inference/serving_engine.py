@@ -30,8 +30,9 @@ class ServingEngine(Protocol):
 
     def run_exclusive(self, operation: Callable[[], Any], timeout: float | None = None) -> Any: ...
 
-    def install(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy weights in Hugging Face names into the model (on the engine thread)."""
+    def install(self, tensors: dict[str, torch.Tensor], take: bool = False) -> None:
+        """Weights in Hugging Face names into the model (on the engine thread); `take`: the
+        tensors were staged for the engine, which may keep them instead of copying."""
         ...
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:

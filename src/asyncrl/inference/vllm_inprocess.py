@@ -118,9 +118,10 @@ class VllmInprocessEngine(EngineThread):
         return bool(self._to_abort) or (not self._paused and bool(self._in_vllm or self._to_add))
 
     # public, thread-safe -------------------------------------------------------------------------
-    def install(self, tensors: dict[str, torch.Tensor]) -> None:
+    def install(self, tensors: dict[str, torch.Tensor], take: bool = False) -> None:
         """On the engine thread: every weight, in Hugging Face names, through vLLM's in-place
-        reload (its loader fuses q/k/v and gate/up, then repacks for its kernels)."""
+        reload (its loader fuses q/k/v and gate/up, then repacks for its kernels, so the tensors
+        are always copied: `take` changes nothing)."""
         if self._asleep:
             self.llm.wake_up(tags=["weights"])
         weights = iter(tensors.items())

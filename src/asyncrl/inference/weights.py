@@ -83,8 +83,12 @@ def read_json(file: Path, roots: list[str]) -> dict[str, Any]:
     return data
 
 
-def load_full_weights(model: torch.nn.Module, directory: Path, roots: list[str]) -> None:
-    """Copy a checkpoint's tensors into the model in place; every parameter must be covered."""
+def read_full_weights(
+    model: torch.nn.Module, directory: Path, roots: list[str]
+) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors, checked to cover the model exactly (names and shapes), as
+    stored: everything a full update does before touching the model, so a refused update
+    changes nothing and the reading can happen off the engine's thread."""
     tensors = read_safetensors_dir(directory, roots)
     parameters = dict(model.named_parameters())
     missing = [name for name in parameters if name not in tensors and not _is_tied(model, name)]
@@ -98,8 +102,15 @@ def load_full_weights(model: torch.nn.Module, directory: Path, roots: list[str])
         for name, tensor in tensors.items()
         if parameters[name].shape != tensor.shape
     ]
-    if mismatched:  # checked before copying anything: a refused update changes nothing
+    if mismatched:
         raise WeightLoadError(f"{directory}: shape mismatch: {'; '.join(mismatched[:3])}")
+    return tensors
+
+
+def load_full_weights(model: torch.nn.Module, directory: Path, roots: list[str]) -> None:
+    """Copy a checkpoint's tensors into the model in place; every parameter must be covered."""
+    tensors = read_full_weights(model, directory, roots)
+    parameters = dict(model.named_parameters())
     with torch.no_grad():
         for name, tensor in tensors.items():
             parameters[name].copy_(tensor.to(parameters[name].dtype))

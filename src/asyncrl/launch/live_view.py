@@ -12,7 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from asyncrl.log import console, get_logger
-from asyncrl.monitor.metrics import read_metrics
+from asyncrl.monitor.metrics import MetricsTail
 
 logger = get_logger(__name__)
 
@@ -23,6 +23,8 @@ class LiveView:
         self.max_steps = max_steps
         self.started = time.monotonic()
         self.shown_step = 0
+        self.tail = MetricsTail(metrics_path)
+        self.newest: dict[str, dict[str, Any]] = {}  # role -> its newest record
         self.live: Live | None = (
             Live(console=console, refresh_per_second=2) if sys.stderr.isatty() else None
         )
@@ -37,12 +39,12 @@ class LiveView:
             self.live.__exit__(*exc)
 
     def latest(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        if not self.path.exists():
-            return {}, {}
-        records = read_metrics(self.path)
-        orchestrator = [r for r in records if r["role"] == "orchestrator"]
-        trainer = [r for r in records if r["role"] == "trainer"]
-        return (orchestrator[-1] if orchestrator else {}), (trainer[-1] if trainer else {})
+        records = self.tail.new_records()
+        if self.tail.rewound:  # a resume forgot records: start over from what is left
+            self.newest.clear()
+        for record in records:
+            self.newest[str(record.get("role"))] = record
+        return self.newest.get("orchestrator", {}), self.newest.get("trainer", {})
 
     def refresh(self) -> None:
         orch, train = self.latest()

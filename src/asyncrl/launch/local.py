@@ -19,9 +19,11 @@ import sys
 import time
 from pathlib import Path
 
-from asyncrl.config.rl import RLConfig
+from asyncrl.config.rl import RLConfig, machine_deployment
+from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
+from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
     RoleSpec,
@@ -52,18 +54,32 @@ def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
 
 def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
     """On a CPU-only machine, split the cores between inference and trainer instead of letting
-    each torch process use all of them (oversubscription slows both); a colocated trainer,
-    whose engine and training take turns, gets every core. A user's own OMP_NUM_THREADS wins;
-    GPU machines are left alone."""
+    each torch process use all of them (oversubscription slows both), and pin each to its
+    half (`cpu_affinity.py`); a colocated trainer, whose engine and training take turns, gets
+    every core. A user's own OMP_NUM_THREADS wins; GPU machines are left alone."""
     import torch
 
     if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
         return {role: {} for role in ROLES}
-    cores = os.cpu_count() or 2
-    half = str(max(1, cores // 2))
-    train = str(cores) if colocated else half
-    return {"infer": {"OMP_NUM_THREADS": half}, "train": {"OMP_NUM_THREADS": train},
-            "orch": {"OMP_NUM_THREADS": "1"}}  # fmt: skip
+    cores = usable_cores()
+    if colocated:
+        return {"train": {"OMP_NUM_THREADS": str(len(cores))},
+                "orch": {"OMP_NUM_THREADS": "1"}, "infer": {}}  # fmt: skip
+    half = max(1, len(cores) // 2)
+    train, infer = cores[:half], cores[half:] or cores
+    return {
+        "train": {"OMP_NUM_THREADS": str(len(train)), CPUS_ENV: format_cores(train)},
+        "infer": {"OMP_NUM_THREADS": str(len(infer)), CPUS_ENV: format_cores(infer)},
+        "orch": {"OMP_NUM_THREADS": "1"},
+    }
+
+
+def deployment_reason(config: RLConfig) -> str:
+    """What `deployment: auto` picks on this machine and why, beside the layout the run has."""
+    chosen, reason = machine_deployment(config.launcher)
+    if chosen == config.deployment:
+        return f"what auto picks here: {reason}"
+    return f"set in the config; auto would pick {chosen} here: {reason}"
 
 
 def role_python(role: str, config: RLConfig) -> str:
@@ -92,7 +108,8 @@ def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
     logs = output / "logs"
-    config = prepare_resume(config)
+    config = serve_in_training_precision(prepare_resume(config))
+    logger.info("rl: deployment %s (%s)", config.deployment, deployment_reason(config))
     specs = role_specs(config, write_role_configs(config, output / "configs"), logs)
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)

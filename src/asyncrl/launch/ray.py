@@ -44,6 +44,12 @@ from asyncrl.launch.cluster_configs import (
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.placement import Node, Slot, address_key, explain_unplaceable, plan_slots
 from asyncrl.launch.placement import rank_order as order_ranks
+from asyncrl.launch.ray_auth import (
+    AUTH_MODE,
+    JoinedAuth,
+    authenticate_local_instance,
+    explain_unborn_actor,
+)
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
 from asyncrl.launch.shared_storage import judge_shared_storage
@@ -97,8 +103,8 @@ def run_rl_on_ray(config: RLConfig) -> None:
     ray = _import_ray()
     config = prepare_resume(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # same path as Ctrl-C
-    connect(ray, config)
-    run = RayRun(ray, config)
+    auth = connect(ray, config)
+    run = RayRun(ray, config, auth)
     try:
         run.reserve()
         run.start_roles()
@@ -122,8 +128,9 @@ def _import_ray() -> Any:
     return ray
 
 
-def connect(ray: Any, config: RLConfig) -> None:
-    """Join the cluster `ray.address` names, or start a local instance for this run only."""
+def connect(ray: Any, config: RLConfig) -> JoinedAuth:
+    """Join the cluster `ray.address` names, or start a local instance for this run only
+    (`ray_auth.py`: how each is authenticated)."""
     settings: RayConfig = config.ray
     options: dict[str, Any] = {
         "namespace": settings.namespace,
@@ -136,16 +143,21 @@ def connect(ray: Any, config: RLConfig) -> None:
         cpus = settings.num_cpus or max(os.cpu_count() or 1, math.ceil(asked))
         options |= {"address": "local", "num_cpus": cpus, "include_dashboard": False,
                     "object_store_memory": 1 << 28}  # fmt: skip
-        logger.info("rl: starting a local Ray instance with %d logical CPUs", cpus)
+        own_secret = authenticate_local_instance()
+        logger.info("rl: starting a local Ray instance with %d logical CPUs%s", cpus,
+                    ", authenticated with this run's own token" if own_secret else "")  # fmt: skip
     else:
         options["address"] = settings.address
+    chosen_mode = os.environ.get(AUTH_MODE)
     ray.init(**options)
+    return JoinedAuth.around(chosen_mode)
 
 
 class RayRun:
-    def __init__(self, ray: Any, config: RLConfig) -> None:
+    def __init__(self, ray: Any, config: RLConfig, auth: JoinedAuth | None = None) -> None:
         self.ray = ray
         self.config = config
+        self.auth = auth or JoinedAuth(switched_on_by_ray=False)
         self.output = Path(config.output_dir).resolve()
         self.logs = self.output / "logs"
         self.run_id = secrets.token_hex(3)
@@ -437,6 +449,11 @@ class RayRun:
             try:
                 results[member.label] = self.ray.get(ref, timeout=timeout)
             except self.ray.exceptions.RayActorError as error:
+                if not member.place:  # it never ran: its role has no log to show
+                    raise RoleFailed(
+                        f"{member.describe()} died before it ran.\n"
+                        f"{explain_unborn_actor(error, self.auth, self.ray)}"
+                    ) from None
                 first_line = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 raise RoleFailed(
                     f"{member.describe()} died ({first_line}); end of "

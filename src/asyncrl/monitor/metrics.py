@@ -105,6 +105,48 @@ def _read_records(path: str | Path, role: str | None) -> list[dict[str, Any]]:
     return records
 
 
+class MetricsTail:
+    """Follows `metrics.jsonl` as it grows, parsing each complete line once: the live view
+    looks twice a second, and re-reading the whole file each time cost the launcher a parse
+    of every record so far (quadratic over a run, on the cores the roles need). A file that
+    was rewritten (a resume forgets records) is read again from its start."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.offset = 0
+        self.identity: tuple[int, int] | None = None  # (device, inode) of the file read
+        self.rewound = False  # the last call read a rewritten file from its start
+
+    def new_records(self) -> list[dict[str, Any]]:
+        """Records completed since the last call (headers and torn lines skipped)."""
+        try:
+            status = self.path.stat()
+        except FileNotFoundError:
+            return []
+        identity = (status.st_dev, status.st_ino)
+        self.rewound = self.identity is not None and (
+            identity != self.identity or status.st_size < self.offset
+        )
+        if identity != self.identity or status.st_size < self.offset:
+            self.identity, self.offset = identity, 0
+        if status.st_size == self.offset:
+            return []
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data[: data.rfind(b"\n") + 1]  # a role may be mid-write
+        self.offset += len(complete)
+        records = []
+        for line in complete.decode(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn line from a crashed writer: `read_metrics` skips it too
+            if isinstance(record, dict) and record.get("kind") != HEADER:
+                records.append(record)
+        return records
+
+
 def forget_metrics_after(path: str | Path, step: int, role: str | None = None) -> None:
     """Before a resume from `step`: keep the headers and the records up to `step` (of `role`,
     or of every role); drop later ones and a torn line from the crash."""

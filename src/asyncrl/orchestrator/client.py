@@ -349,6 +349,26 @@ class ClientPool:
 
         await asyncio.gather(*(refresh(s) for s in self.servers if s.state == "up"))
 
+    async def version_change(self, timeout: float) -> None:
+        """Return once any server that takes work reports weights other than those the pool
+        knows it holds (a trainer pushed them: colocated, NCCL), or after `timeout`."""
+        waits = [
+            asyncio.ensure_future((await self.api(server)).version_change(server.version, timeout))
+            for server in self.servers
+            if server.state == "up"
+        ]
+        if not waits:
+            await asyncio.sleep(timeout)
+            return
+        done, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in pending:
+            wait.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for wait in done:  # a server that went down is `refresh_versions`' and `revive`'s
+            error = wait.exception()
+            if error is not None and not isinstance(error, InferenceUnavailable):
+                raise error
+
     def oldest_version(self) -> int:
         """The oldest weights among the servers that take work (-1 while none does)."""
         return min((s.version for s in self.servers if s.state == "up"), default=-1)

@@ -18,6 +18,7 @@ load, so a restarted orchestrator still learns what a running vLLM server holds.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,6 +58,11 @@ class EngineAPI:
         value = str(info.get("weight_version", ""))
         return int(value) if value.isdigit() else 0
 
+    async def version_change(self, known: int, timeout: float) -> None:
+        """Return once the server holds another version than `known`, or after `timeout`:
+        here, only the timeout (vLLM's /weight_info cannot be waited on)."""
+        await asyncio.sleep(timeout)
+
     async def load_full(self, weight_dir: str, step: int) -> None:
         body = {"method": "reload_weights", "kwargs": {"weights_path": weight_dir}}
         await self.request("POST", f"{self.root}/collective_rpc", body)
@@ -89,6 +95,11 @@ class EmbeddedAPI(EngineAPI):
     async def version(self) -> int | None:
         info = await self.request("GET", f"{self.root}/weight_info", retries=1)
         return int(info["version"])
+
+    async def version_change(self, known: int, timeout: float) -> None:
+        """A long-polled /weight_info: answered the moment weights are installed."""
+        url = f"{self.root}/weight_info?changed_from={known}&wait={timeout:.3f}"
+        await self.request("GET", url, retries=1)
 
     async def load_full(self, weight_dir: str, step: int) -> None:
         body = {"weight_dir": weight_dir, "version": step}

@@ -15,6 +15,7 @@ turn's tokens get the normalised rewards of that turn and the turns after it.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +111,7 @@ async def run_episode_group(
     body.update(
         prompt=prompt_ids, logprobs=0, max_tokens=min(budget, config.sampling.max_tokens or budget)
     )
+    started = time.perf_counter()
     server, choices, retries = await generate(clients, body, config.rollouts_per_example, None)
     episodes = [Episode(list(example.prompt), list(prompt_ids), server=server) for _ in choices]
     for episode, choice in zip(episodes, choices, strict=True):
@@ -117,9 +119,12 @@ async def run_episode_group(
     await asyncio.gather(
         *(play(episode, index, request, setting) for index, episode in enumerate(episodes))
     )
+    played = time.perf_counter()
     scored = await score(episodes, request, setting)
     group = to_group(request, episodes, scored, config, vocab_size)
     group.aborted_retries = retries
+    group.generate_seconds = played - started  # the environment's turns included
+    group.score_seconds = time.perf_counter() - played
     return group
 
 

@@ -35,10 +35,12 @@ from asyncrl.envs import Environment
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
 from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
+from asyncrl.file_arrival import RECHECK_S, ArrivalWatch
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
 from asyncrl.monitor.samples import samples_path
+from asyncrl.monitor.spans import StepSpans
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import ChatTemplate
@@ -49,7 +51,7 @@ from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
 from asyncrl.transport.batches import done_path, last_batch_from
-from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
+from asyncrl.transport.broadcast import broadcasts_dir, broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.transport.served_base import read_served_base
@@ -123,6 +125,7 @@ class Orchestrator:
             config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
+        self.broadcast_watch = ArrivalWatch()  # wakes `sync_weights` when weights are out
 
     def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
         """Worker processes running the environment's code here, or its env-server's."""
@@ -194,16 +197,19 @@ class Orchestrator:
                 lambda: self.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
+        spans = StepSpans()
         try:
             while config.max_steps is None or step <= config.max_steps:
-                await self.sync_weights(need=step - 1 - config.max_async_level)
+                with spans.span("wait_weights"):
+                    await self.sync_weights(need=step - 1 - config.max_async_level)
                 if self.evaluator is not None:
                     self.evaluator.start_due()
                 while self.wanted(len(in_flight), len(ready), target):
                     in_flight.add(asyncio.create_task(self.launch(step)))
-                done, in_flight = await asyncio.wait(
-                    in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
-                )
+                with spans.span("wait_rollouts"):
+                    done, in_flight = await asyncio.wait(
+                        in_flight, timeout=1.0, return_when=asyncio.FIRST_COMPLETED
+                    )
                 # an error here stops the run; None is a group the server aborted
                 ready.extend(group for task in done if (group := task.result()) is not None)
                 batch = self.assemble(step, ready)
@@ -216,12 +222,15 @@ class Orchestrator:
                 # the record first: a restart after a crash between the two forgets the record
                 # of a batch never written, and never misses the record of one that was
                 self.metrics.log(
-                    step, batch_metrics(step, groups, drops, now - last_batch, temperature)
+                    step,
+                    batch_metrics(step, groups, drops, now - last_batch, temperature)
+                    | spans.take("orchestrator"),
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
                 batch = TrainingBatch(step, samples, self.generation_budget)
-                await asyncio.to_thread(sender.send, batch)
+                with spans.span("send"):
+                    await asyncio.to_thread(sender.send, batch)
                 logger.info(
                     "orchestrator: batch %d written (reward %.3f, servers at version %d)",
                     step, sum(r for g in groups for r in g.rewards) / config.batch_size,
@@ -248,6 +257,7 @@ class Orchestrator:
             for pool in pools.values():
                 await pool.close()
             await self.clients.close()
+            self.broadcast_watch.close()
 
     async def launch(self, step: int) -> Group | None:
         drawn = self.buffer.draw()
@@ -418,7 +428,21 @@ class Orchestrator:
             if self.clients.oldest_version() >= need:
                 return
             wait.check()
-            await asyncio.sleep(0.05)
+            await self.weights_may_change()
+
+    async def weights_may_change(self) -> None:
+        """Sleep until a broadcast appears (inotify on `broadcasts/`) or a server reports
+        weights it was handed without one (a long-polled /weight_info), at most RECHECK_S:
+        the next step's generation starts the moment its weights exist."""
+        self.broadcast_watch.aim(broadcasts_dir(self.run_dir))
+        arrivals = asyncio.ensure_future(self.broadcast_watch.sleep_async(RECHECK_S))
+        pushed = asyncio.ensure_future(self.clients.version_change(RECHECK_S))
+        done, pending = await asyncio.wait([arrivals, pushed], return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in done:
+            task.result()  # an error in either is a bug: let it surface
 
     async def hold_trainer_base(self) -> bool:
         """With `load_trainer_base`, every server that takes work holds the base the trainer

@@ -39,6 +39,8 @@ class Group:
     turn_lengths: list[int] = field(default_factory=list)
     tool_calls: Counter[str] = field(default_factory=Counter)  # "<tool>", "<tool>/<error kind>"
     cut_turns: int = 0  # model turns cut by max_tokens (the episode went on)
+    generate_seconds: float = 0.0  # from the request to the last completion (turns: episodes)
+    score_seconds: float = 0.0  # from the completions to their rewards
 
     @property
     def oldest_token_version(self) -> int:
@@ -144,6 +146,7 @@ async def run_group(
     again (its siblings are its baseline), `abort_retries` times, then `GroupAborted`."""
     route, body = request_body(request, config)
     retries = 0
+    started = time.perf_counter()
     while True:
         _, response = await clients.generate_anywhere(route, body, cost=config.rollouts_per_example)
         choices = sorted(
@@ -155,9 +158,12 @@ async def run_group(
         if retries == abort_retries:
             raise GroupAborted(f"the server aborted the group {retries + 1} times")
         retries += 1
+    generated = time.perf_counter()
     scored = await score(choices, request, config, rewards)
     group = to_group(request, choices, scored, config, vocab_size, decode)
     group.aborted_retries = retries
+    group.generate_seconds = generated - started
+    group.score_seconds = time.perf_counter() - generated
     return group
 
 

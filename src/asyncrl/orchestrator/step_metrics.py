@@ -36,6 +36,8 @@ def batch_metrics(
         "orchestrator/temperature": temperature,
         "orchestrator/reward_failures": sum(g.reward_failures for g in groups),
         "orchestrator/aborted_retries": sum(g.aborted_retries for g in groups),
+        "orchestrator/group/generate_seconds": statistics.fmean(g.generate_seconds for g in groups),
+        "orchestrator/group/score_seconds": statistics.fmean(g.score_seconds for g in groups),
     }
     per_function: dict[str, list[float]] = defaultdict(list)
     per_env: dict[str, list[float]] = defaultdict(list)

@@ -92,6 +92,10 @@ class ColocatedInference:
         logger.info("colocated: serving %s on http://%s:%d inside the trainer",
                     self.served.name, config.host, config.port)  # fmt: skip
 
+    def busy_seconds(self) -> float:
+        """Seconds the engine has spent generating since it started."""
+        return self.engine.stats.busy_seconds
+
     def sleep(self) -> dict[str, float]:
         """Before a training step: the engine stops and hands its KV cache back."""
         started = time.perf_counter()

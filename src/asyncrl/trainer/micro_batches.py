@@ -98,6 +98,9 @@ def build_micro_batches(
     ]
 
 
+ROW_MULTIPLE = 16  # rows are padded to a multiple of this, for the kernels' vector widths
+
+
 @dataclass(frozen=True)
 class Layout:
     samples: list[Sample]
@@ -106,17 +109,31 @@ class Layout:
     pad_token_id: int
     shared_prefix: bool
 
+    def unit_length(self, unit: list[int]) -> int:
+        if not self.shared_prefix:
+            return sum(len(self.samples[member].input_ids) for member in unit)
+        prompt = self.prompt_lengths[unit[0]]
+        return prompt + sum(len(self.samples[member].input_ids) - prompt for member in unit)
+
+    def width(self, rows: list[list[list[int]]]) -> int:
+        """A micro-batch's rows are as wide as its longest, not `sequence_len`: padding costs
+        as much compute as tokens do (a third of the quick start's trainer step was padding),
+        and attention's cost grows with the square of the width."""
+        longest = max(sum(self.unit_length(unit) for unit in row) for row in rows)
+        return min(self.sequence_len, -(-longest // ROW_MULTIPLE) * ROW_MULTIPLE)
+
     def collate(
         self, rows: list[list[list[int]]]
     ) -> tuple[PackedBatch, dict[int, tuple[int, int, int]]]:
         """The packed rows and each member's own tokens `(row, start, end)`: the whole sample,
         or with a shared prefix its completion (the prompt belongs to the unit)."""
+        width = self.width(rows)
         if self.shared_prefix:
             return collate_shared_rows(
-                rows, self.samples, self.prompt_lengths, self.sequence_len, self.pad_token_id
+                rows, self.samples, self.prompt_lengths, width, self.pad_token_id
             )
         flat = [[member for unit in row for member in unit] for row in rows]
-        packed = collate_rows(flat, self.samples, self.sequence_len, self.pad_token_id)
+        packed = collate_rows(flat, self.samples, width, self.pad_token_id)
         spans = {}
         for row, members in enumerate(flat):
             offset = 0

@@ -74,6 +74,9 @@ def republish_on_resume(
         return  # a fresh start; or a colocated trainer, whose engine starts from its weights
     if sender is None and (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
         return
-    publish(run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks)
+    publish(
+        run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks,
+        keep_every=config.weights_interval,
+    )  # fmt: skip
     if ranks.is_main:
         logger.info("trainer: republished the weights of step %d for the servers", step)

@@ -24,6 +24,7 @@ from asyncrl.checkpoint.layout import checkpoint_dir, prune
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.monitor.spans import StepSpans
 from asyncrl.trainer.checkpoint import save_trainer_checkpoint
 from asyncrl.trainer.colocated import ColocatedInference
 from asyncrl.trainer.logprobs import completion_logprobs
@@ -44,7 +45,7 @@ from asyncrl.trainer.parallel import (
     shard_model,
     split_by_tokens,
 )
-from asyncrl.trainer.publish import open_sender, publish, receive_admitting
+from asyncrl.trainer.publish import WeightPublisher, open_sender, receive_admitting
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
@@ -79,6 +80,9 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
     sender = open_sender(config) if ranks.is_main else None
+    weights_out = WeightPublisher(
+        run_dir, sender, config.max_async_level + 2, ranks, config.weights_interval
+    )
     logger.info(
         "trainer: run %s, model %s, loss %s, recipe %s, %d rank(s)",
         run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
@@ -96,46 +100,63 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
                 "sleeps while a step trains, so nothing overlaps: it only adds off-policy tokens "
                 "(0 was faster on this CPU, see the README)", config.max_async_level,
             )  # fmt: skip
+    spans, steps_since_log = StepSpans(), 0
     with contextlib.ExitStack() as cleanup:
-        for part in (colocated, receiver, sender):
+        for part in (colocated, receiver, sender, weights_out):
             if part is not None:
                 cleanup.callback(part.close)
         while config.max_steps < 0 or step <= config.max_steps:
+            generated_before = colocated.busy_seconds() if colocated is not None else 0.0
             waited = time.perf_counter()
-            batch = receive_everywhere(
-                lambda timeout, step=step: receive_admitting(  # on rank 0
-                    lambda left: receiver.receive(step, timeout=left), sender, timeout
-                ),
-                batch_timeout,
-                ranks,
-            )
+            with spans.span("wait_batch"):
+                batch = receive_everywhere(
+                    lambda timeout, step=step: receive_admitting(  # on rank 0
+                        lambda left: receiver.receive(step, timeout=left), sender, timeout
+                    ),
+                    batch_timeout,
+                    ranks,
+                )
             wait_time = time.perf_counter() - waited
             if batch is None:
                 logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
                 break
-            pad_token_id = tokenizer.pad_token_id or 0
-            micro_batches = this_ranks_micro_batches(batch, config, ranks, pad_token_id)
-            phases = colocated.sleep() if colocated is not None else {}
-            stats = train_step(
-                model, reference, optimizer, scheduler, micro_batches, config,
-                version=step - 1, ranks=ranks,
-            )  # fmt: skip
-            if colocated is not None:  # generation resumes while the files below are written
-                phases |= colocated.wake(step, model)
-            keep = config.max_async_level + 2
-            if colocated is None:
-                publish(run_dir, step, model, sender, keep=keep, ranks=ranks)
-            elif step == config.max_steps or (config.save_steps and step % config.save_steps == 0):
-                publish_weights(run_dir, step, model, keep=keep, pushed=True)  # eval and export
-            maybe_sync_reference(reference, model, step, config)
-            maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
+            if colocated is not None:  # of the wait, what the engine spent generating
+                spans.move("wait_batch", "generate", colocated.busy_seconds() - generated_before)
+            with spans.span("pack"):
+                pad_token_id = tokenizer.pad_token_id or 0
+                micro_batches = this_ranks_micro_batches(batch, config, ranks, pad_token_id)
+            with spans.span("engine_sleep"):
+                phases = colocated.sleep() if colocated is not None else {}
+            with spans.span("train"):
+                stats = train_step(
+                    model, reference, optimizer, scheduler, micro_batches, config,
+                    version=step - 1, ranks=ranks,
+                )  # fmt: skip
+            with spans.span("weights_out"):
+                if colocated is not None:  # generation resumes while the files below are written
+                    phases |= colocated.wake(step, model)
+                if colocated is None:
+                    weights_out.publish(step, model)
+                elif step == config.max_steps or any(
+                    interval and step % interval == 0
+                    for interval in (config.save_steps, config.weights_interval)
+                ):  # for eval and export
+                    publish_weights(
+                        run_dir, step, model, keep=config.max_async_level + 2, pushed=True,
+                        keep_every=config.weights_interval,
+                    )  # fmt: skip
+            with spans.span("checkpoint"):
+                maybe_sync_reference(reference, model, step, config)
+                maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
             summary = stats.summary()
+            steps_since_log += 1
             if metrics is not None and (
                 step % config.logging_steps == 0 or step == config.max_steps
             ):
                 summary["wait_time"] = wait_time
                 record = {f"trainer/{key}": value for key, value in summary.items()}
-                metrics.log(step, record | phases)
+                metrics.log(step, record | phases | spans.take("trainer", steps_since_log))
+                steps_since_log = 0
             logger.info(
                 "trainer: step %d loss %.4f kl %.2e grad_norm %.3f (%.1f s)",
                 step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,

@@ -6,12 +6,12 @@ reads half a file; a file that still fails to decode is reported with its path a
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
 
+from asyncrl.file_arrival import wait_until
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.step_dirs import remove_steps_after
@@ -87,18 +87,23 @@ def wait_for_batch(
     run_dir: str | Path,
     step: int,
     timeout: float | None = None,
-    poll_interval: float = 0.05,
     report_every: float = 30.0,
     stop_if: Callable[[], bool] | None = None,
 ) -> TrainingBatch | None:
     """Block until batch `step` exists, then read it; says what it waits for every 30 s.
-    Returns None if `stop_if()` becomes true first (the orchestrator finished)."""
+    Returns None if `stop_if()` becomes true first (the orchestrator finished). The wait wakes
+    the moment the batch (or the DONE marker) is renamed into place (`file_arrival`)."""
     path = batch_path(run_dir, step)
     # a batch is usually moments away: stay quiet unless the wait gets long
     wait = Wait(f"{path} from the orchestrator", logger, timeout, report_every, report_every)
-    while not path.exists():
-        if stop_if is not None and stop_if():
-            return None
-        wait.check()
-        time.sleep(poll_interval)
-    return read_batch(run_dir, step)
+    stopped = False
+
+    def arrived() -> bool:
+        nonlocal stopped
+        if path.exists():
+            return True
+        stopped = stop_if is not None and stop_if()
+        return stopped
+
+    wait_until(arrived, [path, done_path(run_dir)], None, on_wait=wait.check)
+    return None if stopped else read_batch(run_dir, step)

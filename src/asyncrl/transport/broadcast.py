@@ -56,6 +56,7 @@ def publish_weights(
     keep: int,
     state_dict: dict[str, torch.Tensor] | None = None,
     pushed: bool = False,
+    keep_every: int | None = None,
 ) -> Broadcast:
     """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones.
     `state_dict`: the full weights when the model itself holds only a shard (FSDP)."""
@@ -77,17 +78,19 @@ def publish_weights(
         if pushed:
             marker["pushed"] = True
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
-    prune(run_dir, keep)
+    prune(run_dir, keep, keep_every)
     return Broadcast(step, kind, fingerprint, target, pushed)
 
 
-def publish_marker(run_dir: str | Path, step: int, fingerprint: str, keep: int) -> Broadcast:
+def publish_marker(
+    run_dir: str | Path, step: int, fingerprint: str, keep: int, keep_every: int | None = None
+) -> Broadcast:
     """After an NCCL broadcast: the STABLE marker alone, so readers learn that step N is out."""
     target = broadcasts_dir(run_dir) / f"step_{step}"
     with atomic_directory(target) as staging:
         marker = {"step": step, "kind": "nccl", "fingerprint": fingerprint, "time": time.time()}
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
-    prune(run_dir, keep)
+    prune(run_dir, keep, keep_every)
     return Broadcast(step, "nccl", fingerprint, target, pushed=True)
 
 
@@ -115,13 +118,16 @@ def latest_broadcast(run_dir: str | Path, at_least: int = 0) -> Broadcast | None
     return read_broadcast(broadcasts_dir(run_dir) / f"step_{steps[-1]}") if steps else None
 
 
-def prune(run_dir: str | Path, keep: int) -> None:
-    """Remove all but the newest `keep` broadcasts, unless servers are loading one now."""
+def prune(run_dir: str | Path, keep: int, keep_every: int | None = None) -> None:
+    """Remove all but the newest `keep` broadcasts and those of every `keep_every`-th step,
+    unless servers are loading one now."""
     with _lock(run_dir, fcntl.LOCK_EX) as locked:
         if not locked:
             return
         steps = stable_steps(run_dir)
         for step in steps[: max(0, len(steps) - keep)]:
+            if keep_every and step % keep_every == 0:
+                continue
             shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)
 
 

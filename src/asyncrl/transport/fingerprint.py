@@ -6,19 +6,25 @@ serves, so anyone can check that the two hold the same numbers.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable
 
 import torch
+import xxhash
 
 
 def weights_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
-    """sha256 over (name, dtype, shape, bytes) of every tensor, in name order; first 16 hex."""
-    digest = hashlib.sha256()
+    """XXH3-128 over (name, dtype, shape, bytes) of every tensor, in name order; first 16 hex.
+
+    A content check, not a defence against forgery: a server computes it on its engine's
+    thread after every weight update, where sha256 over the quick start's 38 MB took 25-45 ms
+    of generation time each step; XXH3 takes about 2 ms. The bytes are hashed where they lie
+    (no copy)."""
+    digest = xxhash.xxh3_128()
     for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
         data = tensor.detach().to("cpu").contiguous()
         digest.update(name.encode())
         digest.update(str(data.dtype).encode())
         digest.update(str(tuple(data.shape)).encode())
-        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+        if data.numel():
+            digest.update(data.reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()[:16]

@@ -42,6 +42,7 @@ def rl_config(model: Path, output: Path) -> Path:
     config = {
         "model": str(model), "output_dir": str(output), "seq_len": 128,
         "max_async_level": 0,  # on-policy: the mismatch KL is then the served base's alone
+        "deployment": "disaggregated",  # adapters and the served base go through files
         "inference": {"port": free_port(), "max_num_seqs": 64, "dtype": "float32"},
         "orchestrator": {"env": [{"id": "reverse-text"}], "batch_size": 32,
                          "rollouts_per_example": 8, "sampling": {"max_tokens": 12},

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,19 +32,39 @@ STEPS = 6
 ASYNC_LEVEL = 1
 
 
+@dataclass(frozen=True)
+class RayCluster:
+    address: str  # what a user joins with
+    env: dict[str, str]  # for every driver of this module: the cluster's token, a private HOME
+
+
+def private_ray_env(home: Path, **extra: str) -> dict[str, str]:
+    """This environment with HOME private (Ray reads and writes `~/.ray/auth_token`) and no
+    Ray authentication setting of the caller's."""
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+    return env | {"HOME": str(home)} | extra
+
+
 @pytest.fixture(scope="module")
-def ray_cluster() -> Iterator[str]:
-    """A one-node Ray cluster with 6 logical CPUs, as `ray start --head` makes it."""
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    """A one-node Ray cluster with 6 logical CPUs, as `ray start --head` makes it, with token
+    authentication and its own token, which every driver of this module is given: nothing
+    another test leaves in `~/.ray` can change how a driver joins it."""
+    env = private_ray_env(
+        tmp_path_factory.mktemp("ray-home"),
+        RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32),
+    )  # fmt: skip
     port = free_port()
     subprocess.run(
         [RAY, "start", "--head", f"--port={port}", "--num-cpus=6", "--include-dashboard=false",
          "--disable-usage-stats", f"--object-store-memory={1 << 28}"],
-        check=True, capture_output=True, timeout=120,
+        check=True, capture_output=True, timeout=120, env=env,
     )  # fmt: skip
     try:
-        yield "auto"
+        yield RayCluster("auto", env)
     finally:
-        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120)
+        subprocess.run([RAY, "stop", "--force"], capture_output=True, timeout=120, env=env)
 
 
 def ray_config(model: Path, output: Path, **ray: object) -> Path:
@@ -62,25 +84,28 @@ def ray_config(model: Path, output: Path, **ray: object) -> Path:
     return path
 
 
-def cluster_state(address: str) -> dict[str, object]:
+def cluster_state(cluster: RayCluster) -> dict[str, object]:
     """Named actors alive and placement-group states, asked of the cluster by a fresh driver."""
     script = (
         "import json, ray\n"
-        f"ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False)\n"
+        f"ray.init(address={cluster.address!r}, logging_level='ERROR', log_to_driver=False)\n"
         "from ray.util.placement_group import placement_group_table\n"
         "actors = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]\n"
         "groups = {g['name']: g['state'] for g in placement_group_table().values()}\n"
         "print(json.dumps({'actors': actors, 'groups': groups}))\n"
     )
     result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
-    )
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True,
+        env=cluster.env,
+    )  # fmt: skip
     return dict(json.loads(result.stdout.strip().splitlines()[-1]))
 
 
-def start_until_first_step(command: list[str], output: Path) -> subprocess.Popen[bytes]:
+def start_until_first_step(
+    command: list[str], output: Path, env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     """Start `asyncrl rl` and return once the trainer has logged a step."""
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and read_metrics(metrics, role="trainer")):
@@ -94,13 +119,15 @@ def start_until_first_step(command: list[str], output: Path) -> subprocess.Popen
 
 
 def test_two_servers_and_two_ranks_on_a_ray_cluster(
-    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: RayCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     output = tmp_path / "run"
     config = ray_config(tiny_model_dir, output)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config),
-               "--ray.address", ray_cluster]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+               "--ray.address", ray_cluster.address]  # fmt: skip
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=ray_cluster.env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = output / "run_default"
 
@@ -137,7 +164,7 @@ def test_two_servers_and_two_ranks_on_a_ray_cluster(
 
 
 def test_batches_and_weights_over_the_network_reach_both_servers(
-    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: RayCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """zmq batches and NCCL (gloo) weights: the servers join rank 0's weight group as ranks 1
     and 2, at the addresses the actors reported; no batch or weight file is written."""
@@ -145,10 +172,12 @@ def test_batches_and_weights_over_the_network_reach_both_servers(
     config = ray_config(tiny_model_dir, output)
     steps = 3
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--ray.address",
-               ray_cluster, "--max_steps", str(steps), "--trainer.world_size", "1",
+               ray_cluster.address, "--max_steps", str(steps), "--trainer.world_size", "1",
                "--orchestrator.rollout_transport.type", "zmq",
                "--trainer.weight_broadcast.type", "nccl"]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=ray_cluster.env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = output / "run_default"
     assert not (run_dir / "rollouts").exists()
@@ -166,12 +195,15 @@ def test_batches_and_weights_over_the_network_reach_both_servers(
 def test_a_killed_inference_actor_stops_the_run_naming_it(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """On a local Ray instance the run starts itself (`ray.address` unset)."""
+    """On a local Ray instance the run starts itself (`ray.address` unset), authenticated with
+    a token of the run's own: nothing is written to `~/.ray`, where Ray would otherwise leave a
+    token that makes every later `address: auto` driver require one (CI's failures)."""
     output = tmp_path / "killed"
+    home = tmp_path / "home"
     config = ray_config(tiny_model_dir, output, num_cpus=4)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
                "--trainer.world_size", "1"]  # fmt: skip
-    launcher = start_until_first_step(command, output)
+    launcher = start_until_first_step(command, output, private_ray_env(home))
     roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
     os.kill(roles["infer-1"]["pid"], signal.SIGKILL)  # the actor's worker process
     try:
@@ -184,17 +216,20 @@ def test_a_killed_inference_actor_stops_the_run_naming_it(
     assert roles["infer-1"]["ray_name"] in message
     time.sleep(1)
     assert not survivors(str(output))  # the other server, trainer and orchestrator were stopped
+    assert not (home / ".ray" / "auth_token").exists()
 
 
 def test_an_unplaceable_request_names_the_bundle(
-    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: RayCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     output = tmp_path / "unplaceable"
     config = ray_config(tiny_model_dir, output, placement_timeout=5, trainer={"gpus": 1})
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config),
-               "--ray.address", ray_cluster]  # fmt: skip
+               "--ray.address", ray_cluster.address]  # fmt: skip
     started = time.monotonic()
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, env=ray_cluster.env
+    )
     assert result.returncode == 1
     assert time.monotonic() - started < 60
     assert "could not place the run's 5 bundles (PACK) in 5 s" in result.stderr
@@ -207,13 +242,13 @@ def test_an_unplaceable_request_names_the_bundle(
 
 
 def test_ctrl_c_leaves_no_actor_placement_group_or_process(
-    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: RayCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     output = tmp_path / "interrupted"
     config = ray_config(tiny_model_dir, output)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000",
-               "--ray.address", ray_cluster, "--trainer.world_size", "1"]  # fmt: skip
-    launcher = start_until_first_step(command, output)
+               "--ray.address", ray_cluster.address, "--trainer.world_size", "1"]  # fmt: skip
+    launcher = start_until_first_step(command, output, ray_cluster.env)
     launcher.send_signal(signal.SIGINT)
     try:
         launcher.communicate(timeout=120)
@@ -229,16 +264,16 @@ def test_ctrl_c_leaves_no_actor_placement_group_or_process(
 
 
 def test_a_killed_trainer_rank_restarts_every_rank_from_the_checkpoint(
-    ray_cluster: str, tiny_model_dir: Path, tmp_path: Path
+    ray_cluster: RayCluster, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     """Rank 1's process (not its actor) dies: both ranks restart together from the last
     checkpoint (written by two ranks, resharded on load) and every step lands exactly once."""
     output = tmp_path / "restarted"
     config = ray_config(tiny_model_dir, output)
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--ray.address",
-               ray_cluster, "--orchestrator.ckpt.interval", "2",
+               ray_cluster.address, "--orchestrator.ckpt.interval", "2",
                "--restart.backoff", "0.5"]  # fmt: skip
-    launcher = start_until_first_step(command, output)
+    launcher = start_until_first_step(command, output, ray_cluster.env)
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while max((r["step"] for r in read_metrics(metrics, role="trainer")), default=0) < 3:

@@ -48,29 +48,31 @@ def test_fp8_is_refused_on_several_ranks_and_says_why() -> None:
 
 def rl(*overrides: str) -> RLConfig:
     base = ["--model", "m", "--orchestrator.env", '[{"id": "reverse-text"}]',
-            "--trainer.qlora_bnb", "true"]  # fmt: skip
+            "--trainer.qlora_bnb", "true", "--deployment", "disaggregated"]  # fmt: skip
     return load_config(RLConfig, [], [*base, *overrides])
 
 
 def test_rl_has_the_orchestrator_load_the_served_base_when_the_trainer_publishes_one() -> None:
     assert rl("--trainer.qlora_served_base", "dequantized").orchestrator.load_trainer_base
     assert not rl().orchestrator.load_trainer_base  # `original`: the servers keep their own
-    message = error_of(
-        RLConfig,
-        ["--model", "m", "--trainer.qlora_bnb", "true", "--orchestrator.load_trainer_base", "1"],
-    )
+    message = error_of(RLConfig, ["--model", "m", "--trainer.qlora_bnb", "true",
+                                  "--deployment", "disaggregated",
+                                  "--orchestrator.load_trainer_base", "1"])  # fmt: skip
     assert "`orchestrator.load_trainer_base` (True) must follow `trainer.qlora_served_base`" in (
         message
     )
 
 
 def test_colocated_qlora_serves_the_trainers_own_dequantized_base() -> None:
-    message = error_of(
-        RLConfig, ["--model", "m", "--trainer.qlora_bnb", "true", "--deployment", "colocated"]
-    )
-    assert "set `trainer.qlora_served_base: dequantized`" in message
-    config = rl("--deployment", "colocated", "--trainer.qlora_served_base", "dequantized")
+    config = rl("--deployment", "colocated")
+    assert config.trainer.qlora_served_base == "dequantized"
     assert not config.orchestrator.load_trainer_base  # in memory: nothing to wait for
+    message = error_of(
+        RLConfig,
+        ["--model", "m", "--trainer.qlora_bnb", "true", "--deployment", "colocated",
+         "--trainer.qlora_served_base", "original"],
+    )  # fmt: skip
+    assert "set `trainer.qlora_served_base: dequantized`" in message
 
 
 def config_with(key: str) -> TrainerConfig:

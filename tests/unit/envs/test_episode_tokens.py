@@ -3,6 +3,7 @@ stay the model's own tokens where re-rendering would rewrite them."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,43 @@ def test_a_template_that_cannot_append_a_turn_is_refused(tokenizer, template, sa
     tokenizer.chat_template = template
     with pytest.raises(SuffixError, match=says):
         EpisodeTokens(tokenizer).check()
+
+
+# Qwen3's way with reasoning: the assistant turn after the last user message opens with a
+# `<think>` block (empty when there is no reasoning); once a user message follows, that turn is
+# rendered without it. Written here in the same shape, for Qwen's real BPE vocabulary.
+THINK_ON_LAST_TURN = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for message in messages -%}{%- if message['role'] == 'user' -%}"
+    "{%- set ns.last_user = loop.index0 -%}{%- endif -%}{%- endfor -%}"
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\n' -}}"
+    "{%- if message['role'] == 'assistant' and loop.index0 > ns.last_user -%}"
+    "{{- '<think>\n\n</think>\n\n' -}}{%- endif -%}"
+    "{{- message['content'] + '<|im_end|>\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}"
+)
+
+
+@pytest.mark.slow
+def test_a_bpe_template_that_rewrites_the_last_turn_once_one_follows_is_refused_at_start_up(
+    qwen2_tokenizer,
+) -> None:
+    from asyncrl.config.base import ConfigError
+    from asyncrl.envs.guess_number import GuessNumberEnv
+    from asyncrl.orchestrator.episode import episode_tokens
+
+    tokenizer = copy.deepcopy(qwen2_tokenizer)
+    env = GuessNumberEnv()
+    assert episode_tokens([env], ["guess"], tokenizer) is not None  # asyncrl's template: fine
+    tokenizer.chat_template = THINK_ON_LAST_TURN
+    stand_in = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "x"}]
+    alone = ids(tokenizer, tokenizer.apply_chat_template(stand_in, tokenize=False))
+    followed = tokenizer.apply_chat_template([*stand_in, {"role": "user", "content": "y"}],
+                                             tokenize=False)  # fmt: skip
+    assert 151667 in alone and ids(tokenizer, followed)[: len(alone)] != alone  # <think> gone
+    with pytest.raises(SuffixError, match="earlier turns differently"):
+        EpisodeTokens(tokenizer).check()
+    with pytest.raises(ConfigError, match="env guess: the chat template renders"):
+        episode_tokens([env], ["guess"], tokenizer)

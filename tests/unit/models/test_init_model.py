@@ -54,3 +54,36 @@ def test_preset_sizes(preset: str, low: float, high: float, arch: str) -> None:
     with torch.device("meta"):  # count parameters without allocating them
         model = AutoModelForCausalLM.from_config(config)
     assert low <= sum(p.numel() for p in model.parameters()) <= high
+
+
+def test_embedding_rows_are_the_vocabulary_rounded_up_to_128() -> None:
+    from asyncrl.models.init_model import embedding_rows
+
+    assert embedding_rows(101) == 128  # the character tokenizer's fixed size
+    assert embedding_rows(151_669) == 151_680  # qwen2: 151,643 BPE + 26 special tokens
+    assert embedding_rows(248_077) == 248_192  # qwen3.6
+    assert embedding_rows(256) == 256
+
+
+def test_an_unknown_tokenizer_is_refused_naming_the_choices() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=r"'char', 'qwen2' or 'qwen3\.6'"):
+        InitModelConfig(tokenizer="gpt2")
+
+
+@pytest.mark.slow
+def test_a_bpe_model_loads_through_the_auto_classes_with_one_row_per_token(
+    tiny_bpe_dir: Path,
+) -> None:
+    model = AutoModelForCausalLM.from_pretrained(tiny_bpe_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bpe_dir)
+    assert json.loads((tiny_bpe_dir / "config.json").read_text())["model_type"] == "qwen2"
+    assert len(tokenizer) == 151_669 and model.config.vocab_size == 151_680
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id == 151_645
+    assert tokenizer.pad_token_id == model.config.pad_token_id == 151_643
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "héllo"}],
+                                        add_generation_prompt=True)["input_ids"]  # fmt: skip
+    assert ids[:3] == [151644, 872, 198]
+    logits = model(torch.tensor([ids])).logits
+    assert logits.shape == (1, len(ids), 151_680) and torch.isfinite(logits).all()

@@ -63,3 +63,27 @@ def test_a_restarted_role_forgets_only_its_own_later_records(tmp_path: Path) -> 
         ("trainer", 1), ("orchestrator", 1), ("orchestrator", 2), ("orchestrator", 3)
     ]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "metrics.lock"]
+
+
+def test_the_tail_reads_each_complete_line_once_and_starts_over_on_a_rewrite(
+    tmp_path: Path,
+) -> None:
+    from asyncrl.monitor.metrics import MetricsTail
+
+    path = tmp_path / "metrics.jsonl"
+    writer = MetricsWriter(path, role="trainer")
+    tail = MetricsTail(path)
+    assert tail.new_records() == []  # no file yet
+    writer.log(1, {"trainer/loss": 1.0})
+    writer.log(2, {"trainer/loss": 2.0})
+    assert [r["step"] for r in tail.new_records()] == [1, 2]
+    assert tail.new_records() == []  # nothing new
+    with path.open("a") as handle:
+        handle.write('{"role": "trainer", "step": 3')  # a role mid-write
+    assert tail.new_records() == []
+    with path.open("a") as handle:
+        handle.write("}\n")
+    assert [r["step"] for r in tail.new_records()] == [3]
+    forget_metrics_after(path, 1)  # a resume rewrites the file
+    assert [r["step"] for r in tail.new_records()] == [1]
+    assert tail.rewound

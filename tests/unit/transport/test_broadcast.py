@@ -87,3 +87,14 @@ async def hold():
 
 asyncio.run(hold())
 """
+
+
+def test_pruning_keeps_every_nth_steps_weights_beside_the_newest(tmp_path: Path) -> None:
+    from asyncrl.transport.broadcast import prune, stable_steps
+
+    for step in range(1, 11):
+        marker = tmp_path / "broadcasts" / f"step_{step}" / "STABLE"
+        marker.parent.mkdir(parents=True)
+        marker.write_text("{}")
+    prune(tmp_path, keep=2, keep_every=4)
+    assert stable_steps(tmp_path) == [4, 8, 9, 10]

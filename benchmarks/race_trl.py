@@ -1,0 +1,152 @@
+"""TRL's GRPOTrainer on an asyncrl environment, as one contestant of `rl_vs_trl.py`.
+
+Run as a subprocess by the race (never imported by asyncrl): the clock is the race's, from the
+moment it started this process, so TRL's imports and model load count as asyncrl's start-up
+does. Every `--every` steps the policy's weights are saved (as asyncrl keeps its broadcasts),
+with the time since launch; the save is timed and reported apart. A callback times each step's
+parts: generation, scoring, the rest of preparing the batch, training. Stops at `--budget`
+seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, TrainerCallback
+from trl import GRPOConfig, GRPOTrainer
+
+from asyncrl.envs.registry import load_environment
+
+LAUNCHED = float(os.environ.get("RACE_LAUNCHED_AT", time.time()))  # wall clock at launch
+
+
+def since_launch() -> float:
+    return time.time() - LAUNCHED
+
+
+class Spans:
+    """Seconds per part, summed over steps; one step's record on each `close_step`."""
+
+    def __init__(self) -> None:
+        self.current: defaultdict[str, float] = defaultdict(float)
+        self.steps: list[dict[str, float]] = []
+        self.step_started = time.perf_counter()
+
+    def timed(self, name: str, function: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.current[name] += time.perf_counter() - started
+
+        return wrapper
+
+    def close_step(self) -> None:
+        now = time.perf_counter()
+        record = dict(self.current)
+        record["step"] = now - self.step_started
+        self.steps.append(record)
+        self.current.clear()
+        self.step_started = now
+
+
+class RaceCallback(TrainerCallback):  # type: ignore[misc]
+    """Snapshots every `every` steps, spans per step, and the stop at the budget."""
+
+    def __init__(self, spans: Spans, out: Path, every: int, budget: float) -> None:
+        self.spans, self.out, self.every, self.budget = spans, out, every, budget
+        self.snapshots: list[dict[str, Any]] = []
+        self.optimizer_started = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        self.optimizer_started = time.perf_counter()
+        return control
+
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **_: Any) -> Any:
+        self.spans.current["optimizer"] += time.perf_counter() - self.optimizer_started
+        return control
+
+    def on_step_end(self, args: Any, state: Any, control: Any, model: Any = None, **_: Any) -> Any:
+        step = state.global_step
+        if step % self.every == 0:
+            started = time.perf_counter()
+            target = self.out / "snapshots" / f"step_{step}"
+            model.save_pretrained(target)
+            self.snapshots.append({"step": step, "seconds": since_launch(), "path": str(target)})
+            self.spans.current["snapshot"] += time.perf_counter() - started
+        self.spans.close_step()
+        if since_launch() >= self.budget:
+            control.should_training_stop = True
+        return control
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sft", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--env", default="reverse-text")
+    parser.add_argument("--budget", type=float, required=True, help="seconds since launch")
+    parser.add_argument("--every", type=int, required=True, help="steps between snapshots")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--batch", type=int, default=32, help="completions per step")
+    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    env = load_environment(args.env)
+    examples = env.examples("train", 20_000)
+    dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in examples])
+    by_answer = {e.answer: e for e in examples}
+
+    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+        return [
+            env.reward(completion[0]["content"], by_answer[expected])
+            for completion, expected in zip(completions, answer, strict=True)
+        ]
+
+    reward.__name__ = env.rubric[0].name
+    config = GRPOConfig(
+        output_dir=str(out / "trl"), use_cpu=True, bf16=args.bf16, gradient_checkpointing=False,
+        learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
+        max_grad_norm=1.0, per_device_train_batch_size=args.batch,
+        num_generations=args.group, max_completion_length=args.max_tokens,
+        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, loss_type="grpo", epsilon=0.2,
+        scale_rewards="none", num_iterations=1, max_steps=1_000_000, logging_steps=10,
+        save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
+    )  # fmt: skip
+    spans = Spans()
+    callback = RaceCallback(spans, out, args.every, args.budget)
+    trainer = GRPOTrainer(
+        model=args.sft, reward_funcs=reward, args=config, train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(args.sft), callbacks=[callback],
+    )  # fmt: skip
+    # the parts of a step: generation and scoring inside the batch's preparation, the rest of
+    # that preparation (logprobs, advantages), and the training step around it
+    trainer._generate = spans.timed("generate", trainer._generate)
+    trainer._calculate_rewards = spans.timed("score", trainer._calculate_rewards)
+    trainer._generate_and_score_completions = spans.timed(
+        "prepare", trainer._generate_and_score_completions
+    )
+    trainer.training_step = spans.timed("training_step", trainer.training_step)
+    trainer.train()
+    (out / "snapshots.json").write_text(json.dumps(callback.snapshots))
+    (out / "decomposition.json").write_text(
+        json.dumps({"threads": torch.get_num_threads(), "steps": spans.steps})
+    )
+
+
+if __name__ == "__main__":
+    main()

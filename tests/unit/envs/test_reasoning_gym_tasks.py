@@ -1,0 +1,118 @@
+"""reasoning-gym datasets as environments: each dataset's own answer scores 1.0 through the
+adapter (as the demonstration writes it and the rubric reads it), a wrong one less, and the
+held-out split never shares a prompt with training."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from asyncrl.envs import load_environment
+from asyncrl.envs.base import score
+from asyncrl.envs.registry import EnvironmentLoadError
+
+pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra is not installed")
+
+DATASETS = {
+    "spell_backward": {"min_word_len": 3, "max_word_len": 6},
+    "basic_arithmetic": {"min_terms": 2, "max_terms": 3, "max_digits": 2},
+    "letter_counting": {},
+    "word_sorting": {},
+    "chain_sum": {},
+    "caesar_cipher": {},
+    "prime_factorization": {},  # its scorer raises on a non-number: the adapter scores 0
+}
+WRONG = ["", "no idea", "<answer>0</answer>", "<answer>zzzz</answer>"]
+
+
+def prompt_text(example) -> str:
+    return "\n".join(message["content"] for message in example.prompt)
+
+
+@pytest.mark.parametrize("answer_format", ["tag", "plain"])
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_the_datasets_own_answer_scores_one_and_a_wrong_one_less(
+    dataset: str, answer_format: str
+) -> None:
+    args = {**DATASETS[dataset], "seed": 5, "answer_format": answer_format}
+    env = load_environment(f"reasoning-gym/{dataset}", args)
+    for example in env.examples("train", 12) + env.examples("eval", 4):
+        demonstrated = env.demonstration(example)
+        assert demonstrated[:-1] == example.prompt
+        completion = demonstrated[-1]["content"]
+        assert score(env, completion, example) == 1.0, (example, completion)
+        if answer_format == "tag":  # reasoning before the answer is allowed
+            assert score(env, f"<think>hm</think>\n{completion}", example) == 1.0
+        assert all(score(env, wrong, example) < 1.0 for wrong in WRONG if wrong != completion)
+
+
+@pytest.mark.parametrize("dataset", sorted(DATASETS))
+def test_held_out_prompts_never_appear_in_training(dataset: str) -> None:
+    env = load_environment(f"reasoning-gym/{dataset}", {**DATASETS[dataset], "seed": 1})
+    train = {prompt_text(example) for example in env.examples("train", 400)}
+    held_out = {prompt_text(example) for example in env.examples("eval", 50)}
+    assert len(held_out) > 1
+    assert not train & held_out
+
+
+def test_the_same_seed_gives_the_same_examples_and_another_seed_others() -> None:
+    def prompts(seed: int) -> list[str]:
+        env = load_environment("reasoning-gym/basic_arithmetic", {"seed": seed})
+        return [prompt_text(example) for example in env.examples("train", 20)]
+
+    assert prompts(3) == prompts(3)
+    assert prompts(3) != prompts(4)
+
+
+def test_system_prompt_by_name_text_or_none() -> None:
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    def first_prompt(system_prompt):
+        env = load_environment("reasoning-gym/chain_sum", {"system_prompt": system_prompt})
+        return env.examples("train", 1)[0].prompt
+
+    assert first_prompt("direct")[0] == {"role": "system", "content": SYSTEM_PROMPTS["direct"]}
+    assert first_prompt("Add them.")[0] == {"role": "system", "content": "Add them."}
+    assert [m["role"] for m in first_prompt(None)] == ["user"]
+
+
+def test_a_composite_mixes_its_datasets_by_weight_with_one_rubric_term_each() -> None:
+    datasets = [
+        {"name": "spell_backward", "weight": 3, "config": {"max_word_len": 5}},
+        {"name": "chain_sum", "weight": 1},
+    ]
+    env = load_environment("reasoning-gym/composite", {"datasets": datasets, "seed": 2})
+    assert [term.name for term in env.rubric] == ["spell_backward", "chain_sum"]
+    examples = env.examples("train", 400)
+    share = sum(example.task == "spell_backward" for example in examples) / len(examples)
+    assert 0.65 < share < 0.85  # 3 : 1
+    for example in examples[:20]:
+        completion = env.demonstration(example)[-1]["content"]
+        values = {term.name: term.function(completion, example) for term in env.rubric}
+        # the item's own dataset scores it; the other term stays 0
+        assert values == {name: float(name == example.task) for name in values}
+    held_out = {prompt_text(example) for example in env.examples("eval", 40)}
+    assert not {prompt_text(example) for example in examples} & held_out
+
+
+@pytest.mark.parametrize(
+    ("env_id", "args", "says"),
+    [
+        ("reasoning-gym/no_such_task", {}, "has no dataset `no_such_task`"),
+        ("reasoning-gym/spell_backward", {"min_len": 3}, "unknown argument(s) ['min_len']"),
+        ("reasoning-gym/spell_backward", {"min_word_len": 0}, "bad arguments"),
+        ("reasoning-gym/spell_backward", {"answer_format": "json"}, "answer_format"),
+        ("reasoning-gym/composite", {}, "needs `datasets`"),
+        ("reasoning-gym/composite", {"datasets": [{"name": "nope"}]}, "no dataset `nope`"),
+    ],
+)
+def test_bad_arguments_fail_at_load_naming_what_was_wrong(env_id: str, args: dict, says: str):
+    with pytest.raises(EnvironmentLoadError, match=rf"`{env_id}`.*{re.escape(says)}"):
+        load_environment(env_id, args)
+
+
+def test_asking_for_more_prompts_than_the_items_hold_says_raise_size() -> None:
+    env = load_environment("reasoning-gym/chain_sum", {"size": 16})
+    with pytest.raises(ValueError, match="raise `size`"):
+        env.examples("eval", 10)
