@@ -35,7 +35,7 @@ TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml scripts/setup.sh
-	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym bash scripts/setup.sh
+	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite

@@ -285,6 +285,13 @@ class OrchestratorConfig(StrictModel):
     weight_broadcast: WeightBroadcastConfig = Field(
         default_factory=WeightBroadcastConfig, description="How new weights reach inference."
     )
+    load_trainer_base: bool = Field(
+        False,
+        description="Wait for the base the trainer publishes at start (`<run_dir>/served_base/`, "
+        "a QLoRA trainer's dequantized base: `trainer.qlora_served_base: dequantized`) and load "
+        "it into every server before any rollout, and again into a server that restarts, so "
+        "adapters apply to the base the trainer trains on. Set by `asyncrl rl`.",
+    )
 
     @model_validator(mode="after")
     def _runnable(self) -> OrchestratorConfig:

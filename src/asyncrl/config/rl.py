@@ -25,6 +25,7 @@ from asyncrl.config.restart import (
     RestartConfig,
 )
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.training import QLORA_KEYS
 
 RUN_DIR_NAME = "run_default"
 
@@ -198,6 +199,8 @@ def _colocate(data: dict[str, Any]) -> None:
             "configure the server under `inference`"
         )
     trainer["colocated_inference"] = data["inference"]
+    if any(trainer.get(key) for key in QLORA_KEYS):  # the engine takes the trainer's weights,
+        trainer.setdefault("qlora_served_base", "dequantized")  # and it has no other base
 
 
 def _connect_roles(data: dict[str, Any]) -> None:
@@ -221,6 +224,9 @@ def _connect_roles(data: dict[str, Any]) -> None:
         transport = orchestrator.get("rollout_transport")
         if transport is not None and "rollout_transport" not in trainer:
             trainer["rollout_transport"] = transport
+        served = trainer.get("qlora_served_base") == "dequantized"
+        if served and data.get("deployment") != "colocated":  # colocated: synced in memory
+            orchestrator.setdefault("load_trainer_base", True)
         broadcast = trainer.get("weight_broadcast") or {}
         if isinstance(broadcast, dict) and broadcast.get("type") == "nccl":
             inference.setdefault("weight_broadcast_type", "nccl")
@@ -327,6 +333,19 @@ class RLConfig(StrictModel):
             raise ValueError(
                 f"`ray.inference.replicas` ({self.ray.inference.replicas}) needs `launcher: "
                 "ray`; the local launcher starts one inference server"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _served_base_agrees(self) -> RLConfig:
+        publishes = (
+            self.trainer.qlora_served_base == "dequantized" and self.deployment != "colocated"
+        )
+        if self.orchestrator.load_trainer_base != publishes:
+            raise ValueError(
+                f"`orchestrator.load_trainer_base` ({self.orchestrator.load_trainer_base}) "
+                "must follow `trainer.qlora_served_base` (dequantized: the trainer publishes "
+                "its base for the servers; not in colocated mode); leave it unset"
             )
         return self
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.config.env import EnvConfig
-from asyncrl.config.training import TrainingConfig
+from asyncrl.config.training import QLORA_KEYS, TrainingConfig
 
 
 class SFTConfig(TrainingConfig):
@@ -46,3 +46,14 @@ class SFTConfig(TrainingConfig):
         256, ge=0, description="Held-out examples scored greedily at the end (0 = none)."
     )
     eval_max_tokens: int = Field(64, gt=0, description="Max new tokens when evaluating.")
+
+    @model_validator(mode="after")
+    def _no_quantized_base(self) -> SFTConfig:
+        chosen = [name for name in QLORA_KEYS if getattr(self, name)]
+        if chosen:
+            raise ValueError(
+                f"`{chosen[0]}` is built for the GRPO trainer (`asyncrl train` / `rl`): `asyncrl "
+                "sft` saves its model with the LoRA update merged into the base, and merging into "
+                "a quantized base would quantize the update away"
+            )
+        return self

@@ -187,6 +187,15 @@ class TrainerConfig(TrainingConfig):
         "directory, never pruned: a learning curve for `asyncrl eval RUN_DIR` and snapshots "
         "for benchmarks (null: the newest broadcasts only).",
     )
+    qlora_served_base: Literal["original", "dequantized"] = Field(
+        "original",
+        description="(QLoRA) The base inference applies the adapter to. `original`: the "
+        "servers' own full-precision base, so their logprobs differ from the trainer's by the "
+        "quantization error (`trainer/mismatch_kl` shows it). `dequantized`: the trainer's "
+        "quantized base, dequantized and published once at start (`<run_dir>/served_base/`), "
+        "which the orchestrator loads into every server before any rollout: no mismatch; the "
+        "orchestrator must set `load_trainer_base` (`asyncrl rl` does).",
+    )
     colocated_inference: InferenceConfig | None = Field(
         None,
         description="Serve this inference config from the trainer's own process, taking turns "
@@ -230,6 +239,30 @@ class TrainerConfig(TrainingConfig):
         if self.sync_ref_model and self.lora:
             raise ValueError(
                 "`sync_ref_model` with LoRA is not supported (the base is the reference)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _quantized_base_fits(self) -> TrainerConfig:
+        quantized = self.qlora_bnb or self.qlora_fp8 or self.qlora_fp4
+        if self.qlora_served_base == "dequantized" and not quantized:
+            raise ValueError(
+                "`qlora_served_base: dequantized` serves a quantized base; set `qlora_bnb` "
+                "(or another QLoRA key) or leave it at `original`"
+            )
+        if self.qlora_fp8 and self.world_size > 1:
+            raise ValueError(
+                "`qlora_fp8` with `world_size` > 1: FSDP2's mixed precision casts floating-point "
+                "parameters to the compute dtype, FP8 weights included, which would then reach "
+                "their layers without their block scales; `qlora_bnb` (NF4, stored as integers) "
+                "runs on several ranks"
+            )
+        colocated = self.colocated_inference is not None
+        if quantized and colocated and self.qlora_served_base != "dequantized":
+            raise ValueError(
+                "colocated mode with QLoRA: the engine takes its weights from the trainer, "
+                "which holds only the quantized base; set `trainer.qlora_served_base: "
+                "dequantized`"
             )
         return self
 

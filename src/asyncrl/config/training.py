@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.base import StrictModel, planned
 
+QLORA_KEYS = ("qlora_bnb", "qlora_fp8", "qlora_fp4")
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -64,14 +65,37 @@ class TrainingConfig(StrictModel):
         min_length=1,
         description="Module names LoRA adapts.",
     )
-    qlora_bnb: bool = planned(False, "NF4 QLoRA (bitsandbytes).", feature="QLoRA")
-    qlora_fp8: bool = planned(False, "FP8 QLoRA (SM89+).", feature="QLoRA")
-    qlora_fp4: bool = planned(False, "FP4 QLoRA (SM100+).", feature="QLoRA")
+    qlora_bnb: bool = Field(
+        False,
+        description="QLoRA: the frozen base in 4-bit NF4 (bitsandbytes, double quantization, "
+        "computed in the recipe's precision) under the LoRA adapters, which train in float32. "
+        "Any device bitsandbytes runs on (CPU included). Needs `lora: true`.",
+    )
+    qlora_fp8: bool = Field(
+        False,
+        description="QLoRA with the frozen base in FP8 (e4m3, 128×128 block scales; "
+        "transformers' fine-grained FP8). Needs `lora: true` and a CUDA GPU of compute "
+        "capability ≥ 8.9; refused on any other device.",
+    )
+    qlora_fp4: bool = Field(
+        False,
+        description="QLoRA with the frozen base in NVFP4 (compute capability ≥ 10.0). Refused "
+        "on every device for now: no library installed here trains through an NVFP4 base.",
+    )
     logging_steps: int = Field(1, gt=0, description="Log metrics every N steps.")
     save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
     checkpoint_dir: str | None = Field(
         None, description="Checkpoint directory (null = `<output_dir>/checkpoints`)."
     )
+
+    @model_validator(mode="after")
+    def _qlora_fits(self) -> TrainingConfig:
+        chosen = [name for name in QLORA_KEYS if getattr(self, name)]
+        if chosen and not self.lora:
+            raise ValueError(f"`{chosen[0]}` quantizes the base under LoRA; it needs `lora: true`")
+        if len(chosen) > 1:
+            raise ValueError(f"{' and '.join(f'`{n}`' for n in chosen)}: choose one base format")
+        return self
 
     @field_validator("recipe")
     @classmethod

@@ -23,6 +23,7 @@ from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.engine_api import ENGINES, ChatTemplate, EngineAPI, identify
 from asyncrl.transport.broadcast import Broadcast
+from asyncrl.transport.served_base import ServedBase
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
@@ -61,6 +62,9 @@ class Server:
     fingerprint: str | None = None
     api: EngineAPI | None = None  # set when the pool first reaches the server
     state: ServerState = "up"
+    # the fingerprint of the trainer's served base this pool loaded into it (QLoRA's
+    # dequantized base; None: the server's own base)
+    base: str | None = None
 
     @property
     def root(self) -> str:
@@ -224,6 +228,31 @@ class ClientPool:
             if isinstance(result, BaseException) and not isinstance(result, ServerDown):
                 raise result
 
+    async def load_served_base(self, base: ServedBase) -> None:
+        """The trainer's served base into every server that takes work and lacks it (all at
+        the start, later one back from a restart), as weights version 0: the trainer's initial
+        policy, its adapters being zero then. Adapters are loaded after it, onto it."""
+        targets = [s for s in self.servers if s.state != "down" and s.base != base.fingerprint]
+        results = await asyncio.gather(
+            *(self._load_base(s, base) for s in targets), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, ServerDown):
+                raise result
+
+    async def _load_base(self, server: Server, base: ServedBase) -> None:
+        api = await self.api(server)
+        pause = self.config.pause_for_updates
+        if pause != "none":
+            await api.pause(pause)
+        try:
+            await api.load_full(str(base.path), 0)
+        finally:
+            if pause != "none":
+                await api.resume()
+        server.version, server.fingerprint, server.base = 0, None, base.fingerprint
+        logger.info("%s holds the trainer's served base (%s)", server.root, base.fingerprint)
+
     def needing(self, broadcast: Broadcast) -> list[Server]:
         """Servers that should load `broadcast`: older weights, or (files only) weights from a
         future the restarted trainer withdrew — newer than any broadcast, or of the same step
@@ -256,7 +285,7 @@ class ClientPool:
             try:
                 await self.request(server, "GET", f"{server.root}/health", retries=1)
                 server.version = (await (await self.api(server)).version()) or 0
-                server.fingerprint = None  # a restarted server: its own weights
+                server.fingerprint = server.base = None  # a restarted server: its own weights
             except InferenceUnavailable:
                 server.state = "down"
                 return
@@ -313,6 +342,8 @@ class ClientPool:
                     "earlier checkpoint, or the server restarted", server.root, server.version,
                     version,
                 )  # fmt: skip
+            if version < server.version:  # perhaps restarted, from its own base
+                server.base = None
             if version != server.version:  # weights this pool did not load
                 server.version, server.fingerprint = version, None
 

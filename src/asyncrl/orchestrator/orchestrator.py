@@ -54,6 +54,7 @@ from asyncrl.transport.batches import done_path, last_batch_from
 from asyncrl.transport.broadcast import broadcasts_dir, broadcasts_in_use, latest_broadcast
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
+from asyncrl.transport.served_base import read_served_base
 from asyncrl.types import TrainingBatch
 from asyncrl.waiting import Wait
 
@@ -405,10 +406,18 @@ class Orchestrator:
             f"weights version {need} from the trainer", logger,
             self.config.ckpt.wait_for_weights_timeout,
         )  # fmt: skip
+        base_wait = Wait(
+            f"the trainer's served base in {self.run_dir}", logger,
+            self.config.ckpt.wait_for_weights_timeout,
+        )  # fmt: skip
         while True:
             if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
                 await self.clients.refresh_versions()
             await self.clients.revive()  # servers that were down and answer again
+            if not await self.hold_trainer_base():  # not published yet: the trainer is starting
+                base_wait.check()
+                await asyncio.sleep(0.05)
+                continue
             async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
                 broadcast = latest_broadcast(self.run_dir)
                 if broadcast is not None and (servers := self.clients.needing(broadcast)):
@@ -434,6 +443,18 @@ class Orchestrator:
         await asyncio.gather(*pending, return_exceptions=True)
         for task in done:
             task.result()  # an error in either is a bug: let it surface
+
+    async def hold_trainer_base(self) -> bool:
+        """With `load_trainer_base`, every server that takes work holds the base the trainer
+        published (loaded where missing: at the start, after a server restarts), so adapters
+        apply to it; False while there is none yet."""
+        if not self.config.load_trainer_base:
+            return True
+        base = read_served_base(self.run_dir)
+        if base is None:
+            return False
+        await self.clients.load_served_base(base)
+        return True
 
 
 def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:

@@ -18,14 +18,20 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_model
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from asyncrl.checkpoint.layout import mark_complete
 from asyncrl.trainer.parallel import SINGLE_PROCESS, Ranks, barrier
+from asyncrl.trainer.quantized_base import is_quantized
 
 SHARDS = "shards"
 LEGACY_WEIGHTS = "weights.safetensors"
@@ -51,6 +57,7 @@ def save_trainer_checkpoint(
         staging.mkdir(parents=True)
     barrier(ranks)
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state = _saved_part(model, model_state)
     dcp.save(
         {"model": model_state, "optimizer": optimizer_state},
         checkpoint_id=staging / SHARDS,
@@ -74,6 +81,16 @@ def save_trainer_checkpoint(
     barrier(ranks)
 
 
+def _saved_part(model: torch.nn.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint holds of the model: everything, but for a quantized base (QLoRA) only
+    the trained parameters. The frozen base is what loading the model gives again, and a
+    4-bit layer's state (codes, nested scales, code tables) does not load back in place."""
+    if not is_quantized(model):
+        return state
+    trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    return {name: value for name, value in state.items() if name in trained}
+
+
 def load_trainer_checkpoint(
     directory: Path,
     model: torch.nn.Module,
@@ -86,11 +103,12 @@ def load_trainer_checkpoint(
     if (directory / LEGACY_WEIGHTS).exists():
         return _load_legacy(directory, model, optimizer, scheduler, ranks)
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state}
+    state = {"model": _saved_part(model, model_state), "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=directory / SHARDS, no_dist=not ranks.distributed)
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+        options=StateDictOptions(strict=not is_quantized(model)),
+    )  # fmt: skip
     own = _rank_state(directory, ranks.rank)
     rank_state = torch.load(own if own.exists() else _rank_state(directory, 0), weights_only=True)
     scheduler.load_state_dict(rank_state["scheduler"])

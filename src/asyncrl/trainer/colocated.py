@@ -27,6 +27,7 @@ from asyncrl.inference.server import build_app, load_served_model
 from asyncrl.log import get_logger
 from asyncrl.monitor.peak_memory import PhasePeaks
 from asyncrl.trainer.policy_weights import check_names, policy_tensors, share_storage
+from asyncrl.trainer.quantized_base import is_quantized
 
 logger = get_logger(__name__)
 
@@ -119,7 +120,9 @@ class ColocatedInference:
         return metrics
 
     def _tensors(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        return policy_tensors(model, complete=self.vllm)
+        """vLLM takes every weight; a QLoRA trainer's engine takes its whole dequantized base
+        (the layers LoRA does not adapt are quantized too)."""
+        return policy_tensors(model, complete=self.vllm or is_quantized(model))
 
     def close(self) -> None:
         """End requests in flight, stop the server, then the engine."""

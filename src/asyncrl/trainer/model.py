@@ -2,7 +2,8 @@
 
 Recipes: `fp32` computes in float32; `bf16` keeps float32 master weights (and optimizer state)
 and runs forward/backward under bfloat16 autocast. With LoRA the frozen base is stored in
-bfloat16 under `bf16`, and the adapters stay float32. `auto` is resolved before a model is
+bfloat16 under `bf16`, and the adapters stay float32; with QLoRA the base's Linear layers are
+stored quantized and computed in the recipe's dtype. `auto` is resolved before a model is
 loaded (`resolve_training_precision`), so these functions only ever see `fp32` or `bf16`.
 """
 
@@ -19,6 +20,11 @@ from asyncrl.config.training import TrainingConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.precision import PrecisionChoice, default_device, resolve_recipe
+from asyncrl.trainer.quantized_base import (
+    base_quantization,
+    loading_arguments,
+    prepare_quantized_base,
+)
 
 logger = get_logger(__name__)
 
@@ -53,16 +59,21 @@ def resolve_training_precision(
 
 
 def load_model(config: TrainingConfig, dense_mask: bool = False) -> torch.nn.Module:
-    """The model to train; `dense_mask` when its rows will carry a 4-D attention mask."""
+    """The model to train; `dense_mask` when its rows will carry a 4-D attention mask. With a
+    QLoRA key the frozen base is quantized as it loads (`quantized_base.py`)."""
     _check_resolved(config.recipe)
     base_dtype = torch.bfloat16 if config.lora and config.recipe == "bf16" else torch.float32
+    quantization = base_quantization(config, base_dtype, default_device())
     model: PreTrainedModel = AutoModelForCausalLM.from_pretrained(
         config.model,
         dtype=base_dtype,
         trust_remote_code=config.trust_remote_code,
         attn_implementation=attention_implementation(dense_mask),
+        **loading_arguments(quantization, default_device()),
     )
-    if torch.cuda.is_available():
+    if quantization is not None:
+        prepare_quantized_base(model)
+    elif torch.cuda.is_available():
         model = model.cuda()
     model.config.use_cache = False
     if config.gradient_checkpointing:

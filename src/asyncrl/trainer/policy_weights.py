@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import torch
 
+from asyncrl.trainer.quantized_base import (
+    dequantized_base,
+    dequantized_weight,
+    is_quantized,
+    is_quantized_layer,
+)
+
 PEFT_PREFIX = "base_model.model."
 
 
 def policy_tensors(model: torch.nn.Module, complete: bool = False) -> dict[str, torch.Tensor]:
     """What a server must hold to serve `model`: every parameter by name, or for a PEFT model
     only the adapted weights, merged as W + scale·B·A (the rest of the base never changes);
-    with `complete`, the base's other weights too (vLLM reloads a model whole)."""
+    with `complete`, the base's other weights too (vLLM reloads a model whole). A quantized
+    base (QLoRA) is dequantized: W is what the trainer's forward multiplies by."""
     if not hasattr(model, "peft_config"):
         return {name: parameter.detach() for name, parameter in model.named_parameters()}
+    if complete and is_quantized(model):
+        return dequantized_base(model) | policy_tensors(model)
     if complete:
         base = {
             name.removeprefix(PEFT_PREFIX).replace(".base_layer.", "."): parameter.detach()
@@ -32,7 +42,9 @@ def policy_tensors(model: torch.nn.Module, complete: bool = False) -> dict[str, 
             adapters = [name for name in module.active_adapters if name in module.lora_A]
             if not adapters:
                 continue
-            weight = module.get_base_layer().weight
+            base_layer = module.get_base_layer()
+            quantized = is_quantized_layer(base_layer)
+            weight = dequantized_weight(base_layer) if quantized else base_layer.weight
             delta = sum(module.get_delta_weight(name) for name in adapters)
             name = f"{module_path.removeprefix(PEFT_PREFIX)}.weight"
             merged[name] = (weight + delta.to(weight.dtype)).detach()

@@ -12,11 +12,16 @@ from pathlib import Path
 import torch
 
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.log import get_logger
 from asyncrl.trainer.parallel import SINGLE_PROCESS, Ranks, full_state_dict
+from asyncrl.trainer.quantized_base import dequantized_base
 from asyncrl.transport.broadcast import publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
+from asyncrl.transport.served_base import write_served_base
 from asyncrl.types import TrainingBatch
+
+logger = get_logger(__name__)
 
 ADMIT_EVERY = 1.0  # seconds between looks for a restarted server while a batch is awaited
 
@@ -129,6 +134,22 @@ def weights_snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             for name, tensor in model.state_dict().items()
             if name in own
         }
+
+
+def publish_served_base(
+    config: TrainerConfig, run_dir: Path, model: torch.nn.Module, ranks: Ranks
+) -> None:
+    """With `qlora_served_base: dequantized`: the quantized base, dequantized, for the servers
+    to apply adapters to (once; kept when a restarted trainer finds the same weights there).
+    Every rank takes part: under FSDP each weight is gathered in turn; rank 0 writes."""
+    if config.qlora_served_base != "dequantized" or config.colocated_inference is not None:
+        return  # a colocated engine takes the dequantized base in memory
+    tensors = dequantized_base(model, keep=ranks.is_main)
+    if not ranks.is_main:
+        return
+    base = write_served_base(run_dir, tensors, source=config.model)
+    logger.info("trainer: the dequantized base is served from %s (fingerprint %s)",
+                base.path, base.fingerprint)  # fmt: skip
 
 
 def receive_admitting(

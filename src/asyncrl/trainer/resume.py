@@ -17,7 +17,7 @@ from asyncrl.monitor.metrics import forget_metrics_after
 from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint
 from asyncrl.trainer.parallel import Ranks
-from asyncrl.trainer.publish import publish
+from asyncrl.trainer.publish import publish, publish_served_base
 from asyncrl.transport.broadcast import STABLE, broadcasts_dir, forget_broadcasts_after
 from asyncrl.transport.nccl_broadcast import WeightSender
 
@@ -66,7 +66,10 @@ def republish_on_resume(
     """Publish the resumed weights as broadcast `step` when it is gone (pruned, or never made):
     servers running a withdrawn future go back to them, and a fresh server gets the weights
     the resumed run continues from rather than waiting for the next step. Over NCCL they are
-    always sent: the servers in the new group hold whatever the dead trainer last sent."""
+    always sent: the servers in the new group hold whatever the dead trainer last sent.
+    First, at every start, a QLoRA trainer that serves its dequantized base publishes that base
+    (the servers need it before any adapter, a fresh run's first one included)."""
+    publish_served_base(config, run_dir, model, ranks)
     if config.resume_step is None or config.colocated_inference is not None:
         return  # a fresh start; or a colocated trainer, whose engine starts from its weights
     if sender is None and (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():

@@ -124,3 +124,39 @@ def test_engine_weights_follow_the_trainer_and_a_waiting_request_gets_the_new_on
     assert answer["token_ids"] != before["token_ids"] or served != pytest.approx(
         before["logprobs"]["token_logprobs"], abs=1e-3
     )
+
+
+def test_a_qlora_trainers_engine_serves_its_dequantized_base_with_adapters_merged(
+    tiny_model_dir: Path,
+) -> None:
+    """With an NF4 base the engine takes the whole base dequantized (the layers LoRA does not
+    adapt are quantized too), so it answers exactly as the trainer's own forward pass."""
+    pytest.importorskip("bitsandbytes")
+    from asyncrl.trainer.quantized_base import dequantized_base
+
+    trainer = TrainerConfig(model=str(tiny_model_dir), lora=True, qlora_bnb=True,
+                            qlora_served_base="dequantized", recipe="fp32", lora_rank=4,
+                            lora_alpha=16, lora_target_modules=["q_proj", "v_proj"])  # fmt: skip
+    model = load_model(trainer)
+    port = free_port()
+    served = InferenceConfig(model=str(tiny_model_dir), port=port, dtype="float32",
+                             max_model_len=128, enable_lora=True)  # fmt: skip
+    inference = ColocatedInference(served, model, version=0)
+    try:
+        inference.sleep()
+        training_step(model)
+        inference.wake(1, model)
+        model.eval()
+        engine = dict(inference.engine.model.named_parameters())
+        base = dequantized_base(model)
+        key = "model.layers.0.self_attn.k_proj.weight"  # quantized, not adapted
+        assert torch.equal(engine[key], base[key])
+        name = "model.layers.0.self_attn.q_proj.weight"  # quantized and adapted
+        module = model.get_submodule(f"base_model.model.{name.removesuffix('.weight')}")
+        a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+        torch.testing.assert_close(engine[name], base[name] + (16 / 4) * b @ a, atol=1e-6, rtol=0)
+        answer = complete(f"http://127.0.0.1:{port}")
+        expected = greedy_logprobs(model, answer["token_ids"])
+        assert answer["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-4)
+    finally:
+        inference.close()

@@ -67,9 +67,9 @@ def test_every_error_is_reported_not_only_the_first() -> None:
 
 
 def test_planned_key_set_away_from_default_is_refused_not_ignored() -> None:
-    message = error_of(TrainerConfig, ["--model", "m", "--qlora_bnb", "true"])
-    assert "`qlora_bnb` is not supported yet (QLoRA)" in message
-    load_config(TrainerConfig, [], ["--model", "m", "--qlora_bnb", "false"])  # the default
+    message = error_of(TrainerConfig, ["--model", "m", "--loss.teacher_tau", "0.5"])
+    assert "`loss.teacher_tau` is not supported yet (teacher logprobs)" in message
+    load_config(TrainerConfig, [], ["--model", "m", "--loss.teacher_tau", "0"])  # the default
 
 
 def test_parallelism_needs_an_engine_that_has_it() -> None:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-import importlib.util
 import math
+import sys
 
 import pytest
 import torch
@@ -56,8 +56,9 @@ def test_weight_decay_skips_biases_and_norms() -> None:
     assert len(plain["params"]) == 3 and plain["weight_decay"] == 0.0
 
 
-def test_adamw_8bit_without_bitsandbytes_is_a_clear_error() -> None:
-    if importlib.util.find_spec("bitsandbytes") is not None:
-        pytest.skip("bitsandbytes is installed here")
+def test_adamw_8bit_without_bitsandbytes_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import` fails as if not installed
     with pytest.raises(ConfigError, match="set `optimizer: adamw`"):
         build_optimizer(torch.nn.Linear(2, 2), TrainerConfig(model="m"))  # default: adamw_8bit
