@@ -19,7 +19,7 @@ from pathlib import Path
 
 from asyncrl.config.restart import RestartConfig
 from asyncrl.config.rl import RLConfig
-from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
+from asyncrl.heartbeat import HEARTBEAT_ENV, clear_heartbeat, silent_for
 from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
 from asyncrl.processes import start, tail
@@ -113,7 +113,7 @@ class SupervisedRole:
         return self.budget.restarts
 
     def _start(self, command: list[str]) -> subprocess.Popen[bytes]:
-        self.spec.heartbeat.unlink(missing_ok=True)  # a new process beats afresh
+        clear_heartbeat(self.spec.heartbeat)  # a new process (and its ranks) beats afresh
         env = {**self.spec.env, HEARTBEAT_ENV: str(self.spec.heartbeat)}
         return start(command, self.spec.log, env)
 
