@@ -55,6 +55,7 @@ from asyncrl.launch.supervisor import (
 )
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
+from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -155,6 +156,8 @@ class RayRun:
         self.pending: dict[str, float] = {}  # unit -> when it restarts
         # on a cluster the servers listen on the network: they always require a key
         self.on_cluster = config.ray.address is not None
+        # guards the zmq transport and the torch stores between the roles (run_secret.py)
+        self.run_secret = run_secret() or new_run_secret()
         self.api_key = os.environ.get(config.inference.api_key_var) or None
         if self.on_cluster and self.api_key is None:
             self.api_key = secrets.token_urlsafe(32)
@@ -306,6 +309,7 @@ class RayRun:
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
         config_path = str(self.output / "configs" / f"{member.label}.yaml")
+        env = {**env, RUN_SECRET_ENV: self.run_secret}
         member.place["role_pid"] = self.ray.get(
             member.actor.start.remote(role, config_yaml, config_path, env, os.getcwd()),
             timeout=CALL_TIMEOUT,
