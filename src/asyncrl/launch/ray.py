@@ -46,7 +46,7 @@ from asyncrl.launch.placement import Node, Slot, address_key, explain_unplaceabl
 from asyncrl.launch.placement import rank_order as order_ranks
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
-from asyncrl.launch.shared_storage import judge_shared_storage
+from asyncrl.launch.shared_storage import judge_shared_storage, probe_dir, remove_probes
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
     RestartBudget,
@@ -295,16 +295,18 @@ class RayRun:
 
     def check_shared_storage(self) -> None:
         """Every actor writes a probe into the run directory and looks for everyone else's."""
-        probe_dir = str(self.output / ".cluster_probe" / self.run_id)
+        probes = str(probe_dir(self.output, self.run_id))
         tokens = {m.label: secrets.token_hex(8) for m in self.members}
-        write_errors = self.call_all(
-            self.members, lambda m: m.actor.write_probe.remote(probe_dir, tokens[m.label])
-        )
-        unseen = self.call_all(
-            self.members, lambda m: m.actor.missing_probes.remote(probe_dir, tokens)
-        )
-        for label in tokens:
-            Path(probe_dir, label).unlink(missing_ok=True)
+        try:
+            write_errors = self.call_all(
+                self.members, lambda m: m.actor.write_probe.remote(probes, tokens[m.label])
+            )
+            unseen = self.call_all(
+                self.members, lambda m: m.actor.missing_probes.remote(probes, tokens)
+            )
+        finally:  # on every node (a node-local run directory too), then here
+            self.call_all(self.members, lambda m: m.actor.remove_probe.remote(probes))
+            remove_probes(self.output, self.run_id)
         judge_shared_storage(self.config, self.output, write_errors, unseen)
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
@@ -484,6 +486,9 @@ class RayRun:
         try:
             self.ray.wait(stopping, num_returns=len(stopping), timeout=30)
             self.stream_logs()
+            # each actor's scratch directory (a copy of its role's log) goes with it
+            cleaning = [member.actor.cleanup.remote() for member in self.members]
+            self.ray.wait(cleaning, num_returns=len(cleaning), timeout=30)
         finally:
             for member in self.members:
                 self.ray.kill(member.actor)

@@ -10,7 +10,6 @@ and the end of its log; past the budget the run stops with `RoleFailed`.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -22,7 +21,7 @@ from asyncrl.config.rl import RLConfig
 from asyncrl.heartbeat import HEARTBEAT_ENV, clear_heartbeat, silent_for
 from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
-from asyncrl.processes import start, tail
+from asyncrl.processes import kill_group, start, tail
 
 logger = get_logger(__name__)
 
@@ -133,8 +132,7 @@ class SupervisedRole:
             silent = silent_for(self.spec.heartbeat)
             if not self.budget.hung(silent):
                 return
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            kill_group(self.process)
             ending = f"hung (no heartbeat for {silent:.0f} s) and was killed"
         elif code == 0 and self.spec.finishes:
             self.finished = True

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import yaml
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
+from asyncrl.ports import free_ports
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
@@ -70,9 +70,7 @@ def rank_environment(rank: int, world_size: int, port: int, secret: str) -> dict
 
 def run_ranks(command: Sequence[str], world_size: int) -> int:
     """Start `command` as ranks 0..world_size-1 and wait for them; their exit code."""
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        port = int(probe.getsockname()[1])
+    (port,) = free_ports(1, LOOPBACK)
     secret = run_secret() or new_run_secret()
     ranks: list[subprocess.Popen[bytes]] = []
 
