@@ -78,9 +78,10 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def _raw_bytes(tensor: torch.Tensor) -> bytes:
+def _raw_bytes(tensor: torch.Tensor) -> memoryview:
+    """The tensor's bytes in C order, without a copy when it is already contiguous on CPU."""
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return bytes(flat.view(torch.uint8).numpy().tobytes()) if flat.numel() else b""
+    return memoryview(flat.view(torch.uint8).numpy()) if flat.numel() else memoryview(b"")
 
 
 class TensorWriter(StorageWriter):
@@ -118,7 +119,7 @@ class TensorWriter(StorageWriter):
                     )
                 data = _raw_bytes(planner.resolve_data(item))
                 results.append(
-                    WriteResult(item.index, len(data), ChunkBytes(file, out.tell(), len(data)))
+                    WriteResult(item.index, data.nbytes, ChunkBytes(file, out.tell(), data.nbytes))
                 )
                 out.write(data)
             out.flush()
@@ -245,13 +246,17 @@ class TensorReader(StorageReader):
                 for item in items:
                     stored, dtype, sizes = self.chunks[item.storage_index]
                     data.seek(stored.offset)
-                    raw = data.read(stored.length)
-                    if len(raw) != stored.length:
+                    raw = torch.empty(stored.length, dtype=torch.uint8)
+                    if stored.length and data.readinto(memoryview(raw.numpy())) != stored.length:
                         raise CheckpointRefused(
                             f"{self.directory / file} ends before the bytes of "
                             f"{item.storage_index.fqn} (truncated?)"
                         )
-                    chunk = _from_bytes(raw, dtype, sizes)
+                    chunk = (
+                        raw.view(dtype).reshape(sizes)
+                        if stored.length
+                        else torch.empty(sizes, dtype=dtype)
+                    )
                     for dim, (start, length) in enumerate(
                         zip(item.storage_offsets, item.lengths, strict=True)
                     ):
@@ -279,9 +284,3 @@ def _naturals(values: Any) -> list[int]:
     ):
         raise ValueError(f"{values!r} is not a list of natural numbers")
     return values
-
-
-def _from_bytes(raw: bytes, dtype: torch.dtype, sizes: torch.Size) -> torch.Tensor:
-    if not raw:
-        return torch.empty(sizes, dtype=dtype)
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(sizes)
