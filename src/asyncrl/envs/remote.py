@@ -5,11 +5,13 @@ multi-turn, `max_turns`) and `RemotePool` for its workers: the same `score` and 
 `RewardPool`, so the orchestrator runs local and remote environments alike. A server that does
 not answer (or answers 5xx, or 503 when busy) is retried with backoff (0.5, 1, 2 s); then that
 rollout scores 0 (a turn: its episode ends), counted as `remote_unavailable`, and the run goes
-on. A refusal (4xx: a changed key, a request it will not take) costs the rollout the same way,
-counted as `remote_rejected`; an answer that is not what the protocol says (not JSON, missing or
-mistyped fields) as `remote_malformed`. A remote reward is held to the bounds of a local one:
-not finite, or beyond ±`MAX_ABS_REWARD` (itself or a step reward), and the rollout scores 0,
-counted as `out_of_range`. The first problem of each kind is logged, later ones only counted.
+on. No more requests are in flight at once than the server says it admits (`capacity` in its
+/info), so a busy server is waited for, not refused. A refusal (4xx: a changed key, a request
+it will not take) costs the rollout the same way, counted as `remote_rejected`; an answer that
+is not what the protocol says (not JSON, missing or mistyped fields) as `remote_malformed`. A
+remote reward is held to the bounds of a local one: not finite, or beyond ±`MAX_ABS_REWARD`
+(itself, a term or a step reward), and the rollout scores 0, counted as `out_of_range`. The
+first problem of each kind is logged, later ones only counted.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from asyncrl.log import get_logger
 logger = get_logger(__name__)
 
 BACKOFF = (0.5, 1.0, 2.0)  # seconds before each retry
+DEFAULT_CAPACITY = 16  # requests in flight to a server that does not say what it admits
 
 
 def served_elsewhere(messages: Any, example: Example) -> float:
@@ -47,6 +50,7 @@ class RemoteEnvironment:
         self.address = address.rstrip("/")
         self.headers = headers
         self.name: str = info["name"]
+        self.capacity = int(info.get("capacity") or DEFAULT_CAPACITY)
         self.rubric = [
             RewardFunction(term["name"], served_elsewhere, float(term["weight"]))
             for term in info["rubric"]
@@ -102,9 +106,12 @@ class RemotePool:
         self.failures: Counter[str] = Counter()
         self.http: httpx.AsyncClient | None = None
         self._logged: set[str] = set()
+        self._in_flight: asyncio.Semaphore | None = None
 
     async def start(self) -> None:
         self.http = httpx.AsyncClient(headers=self.env.headers, timeout=self.timeout + 30)
+        # never more requests at once than the server admits: the rest wait here, not refused
+        self._in_flight = asyncio.Semaphore(self.env.capacity)
 
     async def close(self) -> None:
         if self.http is not None:
@@ -124,10 +131,11 @@ class RemotePool:
         return answer
 
     async def _answer(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        assert self.http is not None
+        assert self.http is not None and self._in_flight is not None
         for attempt, pause in enumerate([*BACKOFF, None]):
             try:
-                response = await self.http.post(f"{self.env.address}{route}", json=body)
+                async with self._in_flight:
+                    response = await self.http.post(f"{self.env.address}{route}", json=body)
                 if response.status_code < 500:
                     return _json_object(response)
                 problem = f"status {response.status_code}"

@@ -13,7 +13,7 @@ at once (the workers plus `max_queued`, `admission.py`), examples per request
 one request at a time, so /health always answers). A failed turn is answered with its kind and
 the exception's last line, never a traceback (that goes to the server's log).
 
-Routes: `GET /health`, `GET /info` (name, rubric, multi-turn and max_turns),
+Routes: `GET /health`, `GET /info` (name, rubric, multi-turn and max_turns, capacity),
 `POST /examples` {split, count}, `POST /score` {completion | messages, example, steps},
 `POST /respond` {messages, example} -> {messages, done, tool_calls} or {error: {kind, message}}.
 """
@@ -129,6 +129,8 @@ def build_app(config: EnvServerConfig) -> FastAPI:
             "rubric": [{"name": term.name, "weight": term.weight} for term in env.rubric],
             "multi_turn": is_multi_turn(env),
             "max_turns": env.max_turns if is_multi_turn(env) else None,
+            # requests it admits at once: a client that sends no more is never refused
+            "capacity": config.workers + config.max_queued,
         }
 
     def encoded_examples(split: Literal["train", "eval"], count: int) -> bytes:

@@ -19,6 +19,8 @@ import httpx
 import pytest
 
 from asyncrl.envs import load_environment
+from asyncrl.envs.base import Example
+from asyncrl.envs.remote import RemotePool, remote_environment
 from asyncrl.envs.reward_pool import RewardPool
 from asyncrl.launch.inference_process import free_port
 from asyncrl.processes import wait_healthy
@@ -188,3 +190,23 @@ def test_slow_tool_calls_end_the_turns_tools_not_its_worker(env_package: Path, m
             await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_the_orchestrators_side_sends_no_more_than_the_server_admits(server: str) -> None:
+    """Five 2-s rewards at once against one worker and one place in the queue: the remote pool
+    holds the rest back itself, so none is refused and every rollout is scored."""
+    remote = remote_environment(server, KEY)
+    assert remote.capacity == 2
+    example = Example(**EXAMPLE)
+
+    async def scenario() -> list[float]:
+        pool = RemotePool(remote, timeout=30)
+        await pool.start()
+        try:
+            results = await asyncio.gather(*(pool.score("y", example) for _ in range(5)))
+        finally:
+            await pool.close()
+        assert not pool.failures
+        return [result.reward for result in results]
+
+    assert asyncio.run(scenario()) == [1.0] * 5
