@@ -126,6 +126,10 @@ def _usage() -> str:
     lines = [f"asyncrl {__version__}: asynchronous GRPO training", "", "commands:"]
     lines += [f"  {name:<11} {command.summary}" for name, command in COMMANDS.items()]
     lines += [f"  {'plot':<11} Draw a run's metrics: asyncrl plot RUN_DIR -v reward -o out.png"]
+    lines += [
+        f"  {'migrate-checkpoint':<11} Convert pickled trainer checkpoints of earlier versions: "
+        "asyncrl migrate-checkpoint RUN_DIR"
+    ]
     lines += ["", "`asyncrl <command> --help` lists every config field of a command."]
     return "\n".join(lines)
 
@@ -143,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
         from asyncrl.monitor.plot import main as plot_main
 
         return plot_main(rest)
+    if name == "migrate-checkpoint":  # paths, not a config
+        from asyncrl.checkpoint.migrate import main as migrate_main
+
+        return migrate_main(rest)
     command = COMMANDS.get(name)
     if command is None:
         print(f"asyncrl: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

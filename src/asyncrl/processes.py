@@ -8,6 +8,7 @@ SIGTERM if its parent dies, even by SIGKILL (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -56,10 +57,17 @@ def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        kill_group(process)
     except ProcessLookupError:
-        pass
+        process.wait()
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's whole group and reap it. A group already gone (it ended between
+    the caller's `poll()` and now, and was reaped) is no error: it is what was wanted."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def tail(path: Path, lines: int = 30) -> str:

@@ -69,3 +69,53 @@ def test_a_restart_runs_the_first_command_plus_the_resume_arguments(tmp_path: Pa
         time.sleep(0.1)
     log = actor.read_log(0)[0].decode()
     assert log.count("not_a_key") >= 2 and "also_not_a_key" in log
+
+
+def test_ports_are_chosen_where_the_kernel_never_hands_one_out() -> None:
+    """Outside the ephemeral range, no outgoing connection (or bind 0) of this node can take a
+    port between its choice and the role's bind, or while the role restarts."""
+    first, last = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text()
+                   .split())  # fmt: skip
+    ports = RoleActor("train-0").free_ports(4)
+    assert len(set(ports)) == 4
+    assert not [port for port in ports if first <= port <= last]
+
+
+def test_cleanup_leaves_no_scratch_directory(tmp_path: Path) -> None:
+    actor = RoleActor("orch")
+    actor.start("orch", "not_a_key: 1\n", str(tmp_path / "orch.yaml"), {}, str(tmp_path))
+    while actor.poll() is None:
+        time.sleep(0.1)
+    scratch = actor.log_path.parent
+    assert (scratch / "role.log").exists()
+    actor.cleanup()
+    assert not scratch.exists()
+
+
+def test_the_probes_leave_no_directory_behind(tmp_path: Path) -> None:
+    from asyncrl.launch.shared_storage import probe_dir, remove_probes
+
+    actors = [RoleActor("infer-0"), RoleActor("orch")]
+    probes = str(probe_dir(tmp_path, "run1"))
+    for actor in actors:
+        assert actor.write_probe(probes, actor.label) is None
+    for actor in actors:
+        actor.remove_probe(probes)
+    remove_probes(tmp_path, "run1")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_killing_a_role_whose_group_is_already_gone_is_no_error() -> None:
+    import os
+    import signal
+
+    import pytest
+
+    from asyncrl.processes import kill_group, start
+
+    process = start(["sleep", "30"], None)
+    os.killpg(process.pid, signal.SIGKILL)
+    os.waitpid(process.pid, 0)  # ended and reaped between a poll() and the kill
+    with pytest.raises(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)  # what the supervisor and the actor did
+    kill_group(process)  # what they do now

@@ -20,8 +20,9 @@ class EnvServerConfig(StrictModel):
     port: int = Field(8100, ge=1, le=65535, description="Bind port.")
     api_key_var: str = Field(
         "ASYNCRL_ENV_API_KEY",
-        description="Environment variable holding the bearer API key the server requires "
-        "(unset or empty variable = no key required).",
+        description="Environment variable holding the bearer API key the server requires. Unset "
+        "or empty: no key, allowed on a loopback `host` only (the server refuses to start "
+        "without one on any other address).",
     )
     workers: int = Field(2, ge=1, description="Worker processes running the environment's code.")
     timeout: float = Field(30.0, gt=0, description="Seconds per reward or per turn.")
@@ -33,4 +34,25 @@ class EnvServerConfig(StrictModel):
     )
     max_request_bytes: int = Field(
         4 * 2**20, ge=1024, description="Largest request body accepted (413 beyond)."
+    )
+    max_queued: int = Field(
+        16,
+        ge=0,
+        description="Requests (/score, /respond, /examples) admitted beyond those the workers "
+        "are running; more get 503 at once, before their body is read (clients retry).",
+    )
+    max_connections: int = Field(
+        64, ge=1, description="Open connections at most; more get 503 at once."
+    )
+    max_examples_per_request: int = Field(
+        100_000,
+        ge=1,
+        description="Most examples one /examples request may ask for (422 beyond); the "
+        "orchestrator asks for at most 100,000.",
+    )
+    examples_timeout: float = Field(
+        120.0,
+        gt=0,
+        description="Seconds an /examples request may take (504 beyond). Examples are made off "
+        "the event loop, one request at a time.",
     )

@@ -3,8 +3,15 @@
 `remote_environment` stands for the environment (its name, rubric weights, examples and, when
 multi-turn, `max_turns`) and `RemotePool` for its workers: the same `score` and `respond` as
 `RewardPool`, so the orchestrator runs local and remote environments alike. A server that does
-not answer is retried with backoff (0.5, 1, 2 s); then that rollout scores 0 (a turn: its
-episode ends), counted as `remote_unavailable`, and the run goes on.
+not answer (or answers 5xx, or 503 when busy) is retried with backoff (0.5, 1, 2 s); then that
+rollout scores 0 (a turn: its episode ends), counted as `remote_unavailable`, and the run goes
+on. No more requests are in flight at once than the server says it admits (`capacity` in its
+/info), so a busy server is waited for, not refused. A refusal (4xx: a changed key, a request
+it will not take) costs the rollout the same way, counted as `remote_rejected`; an answer that
+is not what the protocol says (not JSON, missing or mistyped fields) as `remote_malformed`. A
+remote reward is held to the bounds of a local one: not finite, or beyond ±`MAX_ABS_REWARD`
+(itself, a term or a step reward), and the rollout scores 0, counted as `out_of_range`. The
+first problem of each kind is logged, later ones only counted.
 """
 
 from __future__ import annotations
@@ -20,15 +27,16 @@ import httpx
 from asyncrl.config.base import ConfigError
 from asyncrl.config.env import EnvConfig
 from asyncrl.envs.base import Environment, Example, Messages, RewardFunction, Split
-from asyncrl.envs.multi_turn import Reply
+from asyncrl.envs.multi_turn import Reply, reply_problems
 from asyncrl.envs.registry import load_environment
-from asyncrl.envs.reward_pool import EnvironmentFailed, RewardResult
+from asyncrl.envs.reward_pool import MAX_ABS_REWARD, EnvironmentFailed, RewardResult, within_bounds
 from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
 
 BACKOFF = (0.5, 1.0, 2.0)  # seconds before each retry
+DEFAULT_CAPACITY = 16  # requests in flight to a server that does not say what it admits
 
 
 def served_elsewhere(messages: Any, example: Example) -> float:
@@ -42,6 +50,7 @@ class RemoteEnvironment:
         self.address = address.rstrip("/")
         self.headers = headers
         self.name: str = info["name"]
+        self.capacity = int(info.get("capacity") or DEFAULT_CAPACITY)
         self.rubric = [
             RewardFunction(term["name"], served_elsewhere, float(term["weight"]))
             for term in info["rubric"]
@@ -81,6 +90,14 @@ def remote_environment(address: str, api_key: str | None) -> RemoteEnvironment:
     return kind(address, headers, info)
 
 
+class _Lost(Exception):
+    """The server gave no usable answer; `kind` is the failure counter it adds to."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
 class RemotePool:
     def __init__(self, env: RemoteEnvironment, timeout: float) -> None:
         self.env = env
@@ -88,62 +105,147 @@ class RemotePool:
         self.timeout = timeout
         self.failures: Counter[str] = Counter()
         self.http: httpx.AsyncClient | None = None
+        self._logged: set[str] = set()
+        self._in_flight: asyncio.Semaphore | None = None
 
     async def start(self) -> None:
         self.http = httpx.AsyncClient(headers=self.env.headers, timeout=self.timeout + 30)
+        # never more requests at once than the server admits: the rest wait here, not refused
+        self._in_flight = asyncio.Semaphore(self.env.capacity)
 
     async def close(self) -> None:
         if self.http is not None:
             await self.http.aclose()
 
-    async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """The server's answer, or None once the retries are spent."""
+    async def _post(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The server's answer; `_Lost` (counted, the first of its kind logged) when it gives
+        none, after the retries for what a retry may cure."""
         assert self.http is not None, "start() first"
+        where = f"env-server {self.env.address}{route}"
+        try:
+            answer = await self._answer(route, body)
+        except _Lost as lost:
+            self.failures[lost.kind] += 1
+            self._log_once(lost.kind, f"{where}: {lost}; the rollout scores 0")
+            raise
+        return answer
+
+    async def _answer(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        assert self.http is not None and self._in_flight is not None
         for attempt, pause in enumerate([*BACKOFF, None]):
             try:
-                response = await self.http.post(f"{self.env.address}{route}", json=body)
+                async with self._in_flight:
+                    response = await self.http.post(f"{self.env.address}{route}", json=body)
                 if response.status_code < 500:
-                    response.raise_for_status()
-                    answer: dict[str, Any] = response.json()
-                    return answer
+                    return _json_object(response)
                 problem = f"status {response.status_code}"
             except httpx.TransportError as error:
                 problem = str(error) or type(error).__name__
             if pause is None:
-                self.failures["remote_unavailable"] += 1
-                logger.warning(
-                    "env-server %s%s failed %d times (%s)", self.env.address, route,
-                    attempt + 1, problem,
-                )  # fmt: skip
-                return None
+                raise _Lost("remote_unavailable", f"failed {attempt + 1} times ({problem})")
             await asyncio.sleep(pause)
-        return None
+        raise AssertionError("unreachable")
+
+    def _log_once(self, kind: str, message: str) -> None:
+        if kind not in self._logged:
+            self._logged.add(kind)
+            logger.warning(message)
 
     async def score(
         self, completion: str | Messages, example: Example, steps: bool = False
     ) -> RewardResult:
         key = "messages" if isinstance(completion, list) else "completion"
         body = {key: completion, "example": asdict(example), "steps": steps}
-        answer = await self._post("/score", body)
-        if answer is None:
-            zeros = {term.name: 0.0 for term in self.rubric}
-            return RewardResult(0.0, zeros, lost="remote_unavailable")
-        steps_list = [(int(end), float(reward)) for end, reward in answer.get("steps", [])]
-        return RewardResult(
-            float(answer["reward"]), dict(answer["values"]), list(answer.get("failed", [])),
-            answer.get("lost"), steps_list,
-        )  # fmt: skip
+        zeros = {term.name: 0.0 for term in self.rubric}
+        try:
+            answer = await self._post("/score", body)
+        except _Lost as lost:
+            return RewardResult(0.0, zeros, lost=lost.kind)
+        try:
+            result = _reward_result(answer)
+        except (KeyError, TypeError, ValueError) as error:
+            self.failures["remote_malformed"] += 1
+            self._log_once(
+                "remote_malformed",
+                f"env-server {self.env.address}/score answered something that is not a reward "
+                f"({error!r:.300}); the rollout scores 0",
+            )
+            return RewardResult(0.0, zeros, lost="remote_malformed")
+        numbers = [result.reward, *result.values.values(), *(r for _, r in result.steps)]
+        if not all(within_bounds(number) for number in numbers):
+            self.failures["out_of_range"] += 1
+            self._log_once(
+                "out_of_range",
+                f"env-server {self.env.address} scored a rollout {result.reward} (or one of its "
+                f"terms or steps out of range); rewards must be finite and within "
+                f"±{MAX_ABS_REWARD:g}: the rollout scores 0",
+            )
+            finite = {k: v if within_bounds(v) else 0.0 for k, v in result.values.items()}
+            return RewardResult(0.0, finite, [*result.failed, "out_of_range"])
+        return result
 
     async def respond(self, messages: Messages, example: Example) -> Reply:
-        answer = await self._post("/respond", {"messages": messages, "example": asdict(example)})
-        if answer is None:
-            message = "the environment server does not answer"
-            raise EnvironmentFailed("remote_unavailable", message)
-        if "error" in answer:
-            self.failures[f"env_{answer['error']['kind']}"] += 1
-            raise EnvironmentFailed(answer["error"]["kind"], answer["error"]["message"])
-        calls = [ToolCallRecord(str(tool), str(error)) for tool, error in answer["tool_calls"]]
-        return Reply(list(answer["messages"]), bool(answer["done"]), calls)
+        try:
+            answer = await self._post(
+                "/respond", {"messages": messages, "example": asdict(example)}
+            )
+        except _Lost as lost:
+            raise EnvironmentFailed(lost.kind, str(lost)) from None
+        try:
+            if "error" in answer:
+                kind, message = str(answer["error"]["kind"]), str(answer["error"]["message"])
+                self.failures[f"env_{kind}"] += 1
+                raise EnvironmentFailed(kind, message)
+            calls = [ToolCallRecord(str(tool), str(error)) for tool, error in answer["tool_calls"]]
+            reply = Reply(list(answer["messages"]), bool(answer["done"]), calls)
+            problem = reply_problems(reply)
+        except (KeyError, TypeError, ValueError) as error:
+            problem = repr(error)
+        if problem is not None:
+            self.failures["remote_malformed"] += 1
+            self._log_once("remote_malformed", f"env-server {self.env.address}/respond answered "
+                           f"something that is not a reply ({problem:.300})")  # fmt: skip
+            raise EnvironmentFailed("remote_malformed", problem)
+        return reply
+
+
+def _json_object(response: httpx.Response) -> dict[str, Any]:
+    """A 2xx answer's JSON object; `_Lost` for a refusal (4xx) or anything but an object."""
+    if response.status_code >= 400:
+        try:
+            said = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            said = response.text
+        raise _Lost("remote_rejected", f"refused with status {response.status_code}: {said:.300}")
+    try:
+        answer = response.json()
+    except ValueError as error:
+        raise _Lost("remote_malformed", f"answered something that is not JSON ({error})") from None
+    if not isinstance(answer, dict):
+        raise _Lost("remote_malformed", f"answered a {type(answer).__name__}, not an object")
+    return answer
+
+
+def _reward_result(answer: dict[str, Any]) -> RewardResult:
+    """A /score answer as a `RewardResult`, every field checked for its type."""
+    values = answer["values"]
+    if not isinstance(values, dict):
+        raise TypeError(f"values is a {type(values).__name__}")
+    steps = [(int(end), _number(reward)) for end, reward in answer.get("steps") or []]
+    failed = answer.get("failed") or []
+    lost = answer.get("lost")
+    if not isinstance(failed, list) or not (lost is None or isinstance(lost, str)):
+        raise TypeError("failed must be a list and lost a string or null")
+    return RewardResult(
+        _number(answer["reward"]), {str(k): _number(v) for k, v in values.items()},
+        [str(name) for name in failed], lost, steps,
+    )  # fmt: skip
+
+
+def _number(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{value!r:.50} is not a number")
+    return float(value)
 
 
 def environment_of(spec: EnvConfig) -> Environment:

@@ -5,7 +5,10 @@ not finite or beyond ±`MAX_ABS_REWARD`, when its reward hangs past `timeout`, o
 worker dies (memory or CPU limit) or answers something undecodable; the worker is then killed
 with everything it started (its own session) and replaced. Every failure is counted; the first
 message of each kind is logged, later ones only counted. The same workers answer a multi-turn
-environment's turns, under the same timeout and limits: a failed turn ends its episode.
+environment's turns, under the same timeout and limits: a failed turn ends its episode, and
+the turn's tool calls together get `TOOL_BUDGET` of its timeout, so slow tools end the turn's
+tool calls, not the worker. A worker dies with the process that runs the pool (SIGKILL from the
+kernel, PR_SET_PDEATHSIG), so a killed orchestrator leaves no worker running.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Protocol
 from asyncrl.envs.base import Example, Messages, RewardFunction, rubric_reward
 from asyncrl.envs.multi_turn import Reply
 from asyncrl.envs.tools import ToolCallRecord
+from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
@@ -31,6 +35,7 @@ logger = get_logger(__name__)
 MAX_ABS_REWARD = 1e9  # far beyond any real reward, far below overflow when a batch is summed
 ANSWER_LIMIT = 2**22  # bytes in one answer line (step rewards of a long completion fit)
 KILL_GRACE = 2.0  # seconds to wait for a killed worker before abandoning its pipes
+TOOL_BUDGET = 0.8  # share of a turn's timeout its tool calls may use: the turn ends, not the worker
 
 
 @dataclass
@@ -107,7 +112,7 @@ class RewardPool:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "asyncrl.envs.reward_worker", self.spec,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True, limit=ANSWER_LIMIT,
+            start_new_session=True, limit=ANSWER_LIMIT, preexec_fn=_die_with_the_pool,
         )  # fmt: skip
         worker = _Worker(process)
         self._workers.append(worker)
@@ -183,16 +188,16 @@ class RewardPool:
         """A multi-turn environment's answer to the last model turn, within `timeout`.
         Raises `EnvironmentFailed` (counted as `env_<kind>`) when it raised, hung, died or
         answered something that is not a reply: that episode ends, the run goes on."""
-        task = {"kind": "respond", "messages": messages, "example": asdict(example)}
+        task = {"kind": "respond", "messages": messages, "example": asdict(example),
+                "tool_budget": TOOL_BUDGET * self.timeout}  # fmt: skip
         try:
             answer = await self._run(task, prefix="env_")
         except WorkerFailed as failure:
             raise EnvironmentFailed(failure.kind, str(failure)) from None
         if "error" in answer:
             self.failures["env_error"] += 1
-            self._log_once(
-                "env_error", f"an environment failed to answer a turn:\n{answer['error']}"
-            )
+            trace = answer.get("traceback") or answer["error"]
+            self._log_once("env_error", f"an environment failed to answer a turn:\n{trace}")
             raise EnvironmentFailed("error", str(answer["error"])[-2000:])
         calls = [ToolCallRecord(str(tool), str(error)) for tool, error in answer["tool_calls"]]
         return Reply(list(answer["messages"]), bool(answer["done"]), calls)
@@ -247,6 +252,12 @@ class RewardPool:
         for worker in self._workers:
             await self._kill(worker)
         self._workers.clear()
+
+
+def _die_with_the_pool() -> None:
+    """In the worker, before exec: SIGKILL when the pool's process dies (it cannot clean up
+    then); SIGKILL, not SIGTERM, so a worker stuck in reward code or stopped goes too."""
+    die_with_parent(signal.SIGKILL)
 
 
 def within_bounds(reward: float) -> bool:

@@ -10,6 +10,10 @@ address space) holds for the worker and its subprocesses; with `cpu_limit` each 
 that many CPU seconds (RLIMIT_CPU, moved forward before each task): past either the kernel
 ends the worker and the pool scores the rollout as failed. For a multi-turn environment a
 task may also ask for its answer to a model turn (`"kind": "respond"`), under the same limits.
+
+The worker asks the kernel to kill it when the process that started it dies (PR_SET_PDEATHSIG,
+set between fork and exec by the pool): a killed orchestrator or env-server leaves no worker
+behind, not even one stuck in a reward.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from typing import Any, TextIO
 from asyncrl.envs.base import Example
 from asyncrl.envs.multi_turn import reply_problems
 from asyncrl.envs.registry import load_environment
+from asyncrl.envs.tools import tool_time_budget
 
 
 def private_channels() -> tuple[TextIO, TextIO]:
@@ -107,12 +112,16 @@ def score(env: Any, task: dict[str, Any], example: Example) -> dict[str, Any]:
 
 
 def respond(env: Any, task: dict[str, Any], example: Example) -> dict[str, Any]:
-    """A multi-turn environment's answer to the last model turn, or the reason it has none."""
+    """A multi-turn environment's answer to the last model turn, or the reason it has none:
+    `error` the exception's last line (what may be shown to a client), `traceback` the whole
+    (for the log). The turn's tool calls share `tool_budget` seconds (`tools.py`)."""
     try:
-        reply = env.respond(task["messages"], example)
+        with tool_time_budget(task.get("tool_budget")):
+            reply = env.respond(task["messages"], example)
         problem = reply_problems(reply)
-    except Exception:  # the environment's code: its failure ends this episode only
-        return {"error": traceback.format_exc()}
+    except Exception as error:  # the environment's code: its failure ends this episode only
+        summary = traceback.format_exception_only(type(error), error)[-1].strip()
+        return {"error": summary[:500], "traceback": traceback.format_exc()}
     if problem is not None:
         return {"error": problem}
     calls = [[record.tool, record.error] for record in reply.tool_calls]

@@ -4,15 +4,24 @@ Sandboxes and heavy environments can live on machines of their own. The server l
 environment for its examples and description, and runs every reward and every turn in its
 worker processes (`RewardPool`: isolated, timed out, limited), exactly as an orchestrator does
 for a local environment; the orchestrator's side is `remote.py`. JSON in and out, nothing
-unpickled, loopback unless told otherwise, and a bearer key when `api_key_var` names one.
+unpickled, loopback unless told otherwise, and a bearer key when `api_key_var` names one: off
+loopback the server refuses to start without one.
 
-Routes: `GET /health`, `GET /info` (name, rubric, multi-turn and max_turns),
+Bounded: request bodies (`max_request_bytes`), connections (`max_connections`), work admitted
+at once (the workers plus `max_queued`, `admission.py`), examples per request
+(`max_examples_per_request`) and the time to make them (`examples_timeout`, off the event loop,
+one request at a time, so /health always answers). A failed turn is answered with its kind and
+the exception's last line, never a traceback (that goes to the server's log).
+
+Routes: `GET /health`, `GET /info` (name, rubric, multi-turn and max_turns, capacity),
 `POST /examples` {split, count}, `POST /score` {completion | messages, example, steps},
 `POST /respond` {messages, example} -> {messages, done, tool_calls} or {error: {kind, message}}.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,10 +29,12 @@ from dataclasses import asdict
 from typing import Any, Literal
 
 import uvicorn
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, Field
+from fastapi import FastAPI, HTTPException, Response
+from pydantic import BaseModel, Field, field_validator
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.env_server import EnvServerConfig
+from asyncrl.envs.admission import Admission
 from asyncrl.envs.base import Example, Messages
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.registry import load_environment
@@ -31,13 +42,14 @@ from asyncrl.envs.reward_pool import EnvironmentFailed, RewardPool
 from asyncrl.inference.api_key import ApiKeyGuard
 from asyncrl.inference.body_limit import BodySizeLimit
 from asyncrl.log import get_logger
+from asyncrl.run_secret import is_loopback
 
 logger = get_logger(__name__)
 
 
 class ExamplesRequest(BaseModel):
     split: Literal["train", "eval"]
-    count: int = Field(gt=0, le=1_000_000)
+    count: int = Field(gt=0)
 
 
 class ScoreRequest(BaseModel):
@@ -51,6 +63,13 @@ class RespondRequest(BaseModel):
     messages: list[dict[str, Any]]
     example: dict[str, Any]
 
+    @field_validator("messages")
+    @classmethod
+    def ends_with_a_model_turn(cls, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("a turn to answer ends with the model's message (role assistant)")
+        return messages
+
 
 def example_of(fields: dict[str, Any]) -> Example:
     try:
@@ -59,7 +78,26 @@ def example_of(fields: dict[str, Any]) -> Example:
         raise HTTPException(400, f"not an example: {error}") from None
 
 
+def api_key_of(config: EnvServerConfig) -> str | None:
+    """The key the server requires; without one, only a loopback host is allowed."""
+    api_key = os.environ.get(config.api_key_var) or None
+    if api_key is None and not is_loopback(config.host):
+        raise ConfigError(
+            f"env-server: `host` {config.host} serves other machines but ${config.api_key_var} "
+            "is unset: anyone who reaches the port could run its environment's code. Set a "
+            "key there (the orchestrator sends the one in its `env[].api_key_var`), or serve "
+            "on 127.0.0.1"
+        )
+    if api_key is None:
+        logger.warning(
+            "env-server: no API key ($%s unset): every process on this machine may use it",
+            config.api_key_var,
+        )
+    return api_key
+
+
 def build_app(config: EnvServerConfig) -> FastAPI:
+    api_key = api_key_of(config)
     env = load_environment(config.env.id, config.env.args)
     pool = RewardPool(
         config.env.id, config.env.args, env.rubric, num_workers=config.workers,
@@ -74,8 +112,11 @@ def build_app(config: EnvServerConfig) -> FastAPI:
 
     app = FastAPI(title="asyncrl environment", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_request_bytes)
-    if api_key := os.environ.get(config.api_key_var):  # added last: runs first
+    # before the body is read: a request that will not be admitted costs no memory
+    app.add_middleware(Admission, limit=config.workers + config.max_queued)
+    if api_key is not None:  # added last: runs first
         app.add_middleware(ApiKeyGuard, api_key=api_key)
+    examples_lock = asyncio.Lock()  # one /examples at a time: each may be large
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -88,11 +129,31 @@ def build_app(config: EnvServerConfig) -> FastAPI:
             "rubric": [{"name": term.name, "weight": term.weight} for term in env.rubric],
             "multi_turn": is_multi_turn(env),
             "max_turns": env.max_turns if is_multi_turn(env) else None,
+            # requests it admits at once: a client that sends no more is never refused
+            "capacity": config.workers + config.max_queued,
         }
 
+    def encoded_examples(split: Literal["train", "eval"], count: int) -> bytes:
+        return json.dumps([asdict(example) for example in env.examples(split, count)]).encode()
+
     @app.post("/examples")
-    async def examples(request: ExamplesRequest) -> list[dict[str, Any]]:
-        return [asdict(example) for example in env.examples(request.split, request.count)]
+    async def examples(request: ExamplesRequest) -> Response:
+        if request.count > config.max_examples_per_request:
+            raise HTTPException(
+                422,
+                f"count {request.count} is over this server's "
+                f"max_examples_per_request, {config.max_examples_per_request}",
+            )
+        await examples_lock.acquire()
+        work = asyncio.ensure_future(
+            asyncio.to_thread(encoded_examples, request.split, request.count)
+        )
+        work.add_done_callback(lambda _: examples_lock.release())  # when the thread is done
+        try:
+            body = await asyncio.wait_for(asyncio.shield(work), config.examples_timeout)
+        except TimeoutError:
+            raise HTTPException(504, f"examples not made in {config.examples_timeout} s") from None
+        return Response(body, media_type="application/json")
 
     @app.post("/score")
     async def score(request: ScoreRequest) -> dict[str, Any]:
@@ -118,5 +179,7 @@ def build_app(config: EnvServerConfig) -> FastAPI:
 
 
 def run_env_server(config: EnvServerConfig) -> None:
+    app = build_app(config)
     logger.info("env-server: %s on http://%s:%d", config.env.id, config.host, config.port)
-    uvicorn.run(build_app(config), host=config.host, port=config.port, log_level="warning")
+    uvicorn.run(app, host=config.host, port=config.port, log_level="warning",
+                limit_concurrency=config.max_connections)  # fmt: skip

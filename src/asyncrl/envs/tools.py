@@ -8,6 +8,12 @@ parser is pluggable). Every call is answered, a bad one with an error message th
 read: unparseable, unknown tool, wrong arguments, a tool that raises or runs past its
 timeout. The run never sees an exception from a tool; each call and error is counted in the
 reply (`ToolCallRecord`) for the orchestrator's metrics.
+
+A turn's calls are bounded: at most `MAX_CALLS_PER_TURN` are run (the rest are answered
+`too_many_calls`), and together they get the turn's tool budget (`tool_time_budget`, set by the
+reward worker to a share of the turn's timeout): a call is cut at what is left of it, and once
+it is spent the remaining calls are answered `out_of_time` unrun. So a short message asking
+for many slow calls costs a bounded share of a worker, and the worker is never killed for it.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ import json
 import re
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +41,23 @@ JSON_TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
 }
 RESULT_LIMIT = 2000  # characters of a tool's answer the model is shown
+MAX_CALLS_PER_TURN = 8  # tool calls run per model turn; the rest are answered unrun
+_turn_deadline: ContextVar[float | None] = ContextVar("tool_turn_deadline", default=None)
+
+
+@contextmanager
+def tool_time_budget(seconds: float | None) -> Iterator[None]:
+    """Tool calls made inside share `seconds` of wall time (None: only each tool's timeout)."""
+    token = _turn_deadline.set(None if seconds is None else time.monotonic() + seconds)
+    try:
+        yield
+    finally:
+        _turn_deadline.reset(token)
+
+
+def _budget_left() -> float | None:
+    deadline = _turn_deadline.get()
+    return None if deadline is None else deadline - time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -137,7 +162,7 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def run_call(call: ToolCall, tools: dict[str, Tool]) -> str:
     """The tool's answer as text; raises ToolCallError for an unknown tool, bad arguments, a
-    tool that raised or ran out of time."""
+    tool that raised or ran out of time (its own timeout, or what is left of the turn's)."""
     tool = tools.get(call.name)
     if tool is None:
         message = f"unknown tool {call.name!r:.60}; tools: {', '.join(tools)}"
@@ -145,11 +170,16 @@ def run_call(call: ToolCall, tools: dict[str, Tool]) -> str:
     problem = argument_problem(tool.parameters, call.arguments)
     if problem is not None:
         raise ToolCallError("bad_arguments", problem, call.name)
+    left = _budget_left()
+    if left is not None and left <= 0:
+        message = "the turn's time for tools is spent; this call was not run"
+        raise ToolCallError("out_of_time", message, call.name)
+    seconds = tool.timeout if left is None else min(tool.timeout, left)
     try:
-        with time_limit(tool.timeout):
+        with time_limit(seconds):
             result = tool.function(**call.arguments)
     except ToolTimeout:
-        message = f"{call.name} took over {tool.timeout} s"
+        message = f"{call.name} took over {seconds:.3g} s"
         raise ToolCallError("timeout", message, call.name) from None
     except Exception as error:  # the tool's own failure is an answer the model can read
         raise ToolCallError("raised", f"{type(error).__name__}: {error}", call.name) from None
@@ -164,10 +194,14 @@ class ToolCallRecord:
 
 
 def answer_tool_calls(
-    text: str, tools: list[Tool], parser: ToolParser = parse_hermes
+    text: str,
+    tools: list[Tool],
+    parser: ToolParser = parse_hermes,
+    max_calls: int = MAX_CALLS_PER_TURN,
 ) -> tuple[Messages, list[ToolCallRecord]] | None:
-    """`tool` messages answering every call in the model's `text`, and a record of each;
-    None when the text calls no tool (the model has answered)."""
+    """`tool` messages answering every call in the model's `text` (the first `max_calls` run,
+    the rest refused), and a record of each; None when the text calls no tool (the model has
+    answered)."""
     by_name = {tool.name: tool for tool in tools}
     try:
         calls = parser(text)
@@ -176,7 +210,12 @@ def answer_tool_calls(
     if not calls:
         return None
     messages, records = [], []
-    for call in calls:
+    for number, call in enumerate(calls):
+        if number >= max_calls:
+            messages.append(tool_message(f"error: only {max_calls} tool calls are run per turn"))
+            records.append(ToolCallRecord(call.name if call.name in by_name else "",
+                                          "too_many_calls"))  # fmt: skip
+            continue
         try:
             messages.append(tool_message(run_call(call, by_name)))
             records.append(ToolCallRecord(call.name, ""))

@@ -6,6 +6,11 @@ the embedded engine starts vLLM or SGLang with the same meaning. The engine runs
 ours, and dies with us: stopped on SIGTERM or Ctrl-C, and killed by the kernel if we are
 (PR_SET_PDEATHSIG).
 
+The API key never appears on the engine's command line, where `ps` shows it to every user of
+the machine: vLLM reads it from its environment (`VLLM_API_KEY`); SGLang, which takes it only
+as a flag, reads it from a config file (`--config`, SGLang 0.5.3 or later) written for it
+alone (mode 0600 in a private directory) and removed once the server answers.
+
 vLLM is started with `--logprobs-mode processed_logprobs`: by default it returns logprobs before
 temperature, and asyncrl's contract (and the trainer's importance ratios) is the logprob of the
 distribution actually sampled from.
@@ -15,10 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from types import FrameType
+
+import yaml
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.dtype import external_engine_dtype
@@ -97,7 +106,8 @@ def vllm_environment(config: InferenceConfig) -> dict[str, str]:
     return env
 
 
-def sglang_command(config: InferenceConfig) -> list[str]:
+def sglang_command(config: InferenceConfig, key_file: Path | None = None) -> list[str]:
+    """SGLang's command; its API key, if any, in `key_file` (`private_key_file`)."""
     command = [
         config.executable or sys.executable, "-m", "sglang.launch_server",
         "--model-path", config.model,
@@ -129,24 +139,29 @@ def sglang_command(config: InferenceConfig) -> list[str]:
         command += ["--tool-call-parser", config.tool_call_parser]
     if config.rope_scaling:
         command += ["--json-model-override-args", json.dumps({"rope_scaling": config.rope_scaling})]
-    if key := os.environ.get(config.api_key_var):
-        # SGLang reads the key from its command line only (visible to `ps` on this machine)
-        command += ["--api-key", key]
+    if key_file is not None:
+        command += ["--config", str(key_file)]
     return command + config.extra_args
 
 
-def engine_command(config: InferenceConfig) -> tuple[list[str], dict[str, str]]:
+def private_key_file(key: str) -> Path:
+    """A YAML file holding `api-key`, readable by this user only, in a directory of its own."""
+    directory = Path(tempfile.mkdtemp(prefix="asyncrl-sglang-"))  # mode 0700
+    path = directory / "api-key.yaml"
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        yaml.safe_dump({"api-key": key}, handle)
+    return path
+
+
+def engine_command(
+    config: InferenceConfig, key_file: Path | None = None
+) -> tuple[list[str], dict[str, str]]:
     if config.backend == "vllm":
         return vllm_command(config), vllm_environment(config)
     if config.backend == "sglang":
-        return sglang_command(config), {}
+        return sglang_command(config, key_file), {}
     raise ValueError(f"backend `{config.backend}` is served in this process, not launched")
-
-
-def _shown(command: list[str]) -> str:
-    """The command for the log, with any API key hidden."""
-    return " ".join("***" if i and command[i - 1] == "--api-key" else part
-                    for i, part in enumerate(command))  # fmt: skip
 
 
 def serve_external(config: InferenceConfig) -> None:
@@ -157,8 +172,10 @@ def serve_external(config: InferenceConfig) -> None:
             f"of a venv with {config.backend} installed (`make vllm` makes .venv-vllm)"
         )
     config = config.model_copy(update={"dtype": external_engine_dtype(config)})
-    command, env = engine_command(config)
-    logger.info("starting %s: %s", config.backend, _shown(command))
+    key = os.environ.get(config.api_key_var)
+    key_file = private_key_file(key) if key and config.backend == "sglang" else None
+    command, env = engine_command(config, key_file)
+    logger.info("starting %s: %s", config.backend, " ".join(command))
     process = start(command, None, env)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
@@ -168,9 +185,16 @@ def serve_external(config: InferenceConfig) -> None:
     try:
         url = f"http://{'127.0.0.1' if config.host in ('0.0.0.0', '::') else config.host}"
         wait_healthy(f"{url}:{config.port}", process, config.startup_timeout)
+        _remove(key_file)  # read at start-up: no copy of the key stays on disk
         logger.info("%s serving %s on %s:%d", config.backend, config.model, url, config.port)
         code = process.wait()
         if code != 0:
             raise SystemExit(f"{config.backend} server exited with code {code}")
     finally:
+        _remove(key_file)
         stop(process, grace=30.0)
+
+
+def _remove(key_file: Path | None) -> None:
+    if key_file is not None:
+        shutil.rmtree(key_file.parent, ignore_errors=True)

@@ -8,7 +8,8 @@ orchestrator. With `deployment: colocated` the trainer serves inference itself, 
 trainer's server. The run ends when trainer and orchestrator have finished. A role that dies or
 hangs is restarted from its last checkpoint (`restart`, see `supervisor.py`) while the others
 go on; past its restart budget, or on Ctrl-C, every role is stopped and the failing role's log
-tail is shown.
+tail is shown. Every role gets the run's secret (`$ASYNCRL_RUN_SECRET`, made afresh when unset),
+which guards the channels the roles open between them (`run_secret.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from asyncrl.launch.supervisor import (
 from asyncrl.log import get_logger
 from asyncrl.monitor.trackers import Reporter
 from asyncrl.processes import stop, wait_healthy
+from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -91,15 +93,20 @@ def role_python(role: str, config: RLConfig) -> str:
     return sys.executable
 
 
-def role_specs(config: RLConfig, paths: dict[str, Path], logs: Path) -> dict[str, RoleSpec]:
-    """How each role starts, and restarts from its own last checkpoint."""
+def role_specs(
+    config: RLConfig, paths: dict[str, Path], logs: Path, secret: str | None = None
+) -> dict[str, RoleSpec]:
+    """How each role starts, and restarts from its own last checkpoint; every role holds the
+    run's `secret`."""
     threads = thread_budget(config.deployment == "colocated")
+    shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}
     specs = {}
     for role, path in paths.items():
         first = [role_python(role, config), "-m", "asyncrl.cli", role, str(path)]
         specs[role] = RoleSpec(
             role, first, [*first, *RESUME_ARGUMENTS[role]], logs / f"{role}.log",
-            logs.parent / "heartbeats" / role, threads[role], finishes=role != "infer",
+            logs.parent / "heartbeats" / role, {**threads[role], **shared},
+            finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
         )  # fmt: skip
     return specs

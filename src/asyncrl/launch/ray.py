@@ -52,7 +52,7 @@ from asyncrl.launch.ray_auth import (
 )
 from asyncrl.launch.role_actor import RoleActor
 from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for, role_yaml
-from asyncrl.launch.shared_storage import judge_shared_storage
+from asyncrl.launch.shared_storage import judge_shared_storage, probe_dir, remove_probes
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
     RestartBudget,
@@ -61,6 +61,7 @@ from asyncrl.launch.supervisor import (
 )
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
+from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -167,6 +168,8 @@ class RayRun:
         self.pending: dict[str, float] = {}  # unit -> when it restarts
         # on a cluster the servers listen on the network: they always require a key
         self.on_cluster = config.ray.address is not None
+        # guards the zmq transport and the torch stores between the roles (run_secret.py)
+        self.run_secret = run_secret() or new_run_secret()
         self.api_key = os.environ.get(config.inference.api_key_var) or None
         if self.on_cluster and self.api_key is None:
             self.api_key = secrets.token_urlsafe(32)
@@ -314,20 +317,23 @@ class RayRun:
 
     def check_shared_storage(self) -> None:
         """Every actor writes a probe into the run directory and looks for everyone else's."""
-        probe_dir = str(self.output / ".cluster_probe" / self.run_id)
+        probes = str(probe_dir(self.output, self.run_id))
         tokens = {m.label: secrets.token_hex(8) for m in self.members}
-        write_errors = self.call_all(
-            self.members, lambda m: m.actor.write_probe.remote(probe_dir, tokens[m.label])
-        )
-        unseen = self.call_all(
-            self.members, lambda m: m.actor.missing_probes.remote(probe_dir, tokens)
-        )
-        for label in tokens:
-            Path(probe_dir, label).unlink(missing_ok=True)
+        try:
+            write_errors = self.call_all(
+                self.members, lambda m: m.actor.write_probe.remote(probes, tokens[m.label])
+            )
+            unseen = self.call_all(
+                self.members, lambda m: m.actor.missing_probes.remote(probes, tokens)
+            )
+        finally:  # on every node (a node-local run directory too), then here
+            self.call_all(self.members, lambda m: m.actor.remove_probe.remote(probes))
+            remove_probes(self.output, self.run_id)
         judge_shared_storage(self.config, self.output, write_errors, unseen)
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
         config_path = str(self.output / "configs" / f"{member.label}.yaml")
+        env = {**env, RUN_SECRET_ENV: self.run_secret}
         member.place["role_pid"] = self.ray.get(
             member.actor.start.remote(role, config_yaml, config_path, env, os.getcwd()),
             timeout=CALL_TIMEOUT,
@@ -507,6 +513,9 @@ class RayRun:
         try:
             self.ray.wait(stopping, num_returns=len(stopping), timeout=30)
             self.stream_logs()
+            # each actor's scratch directory (a copy of its role's log) goes with it
+            cleaning = [member.actor.cleanup.remote() for member in self.members]
+            self.ray.wait(cleaning, num_returns=len(cleaning), timeout=30)
         finally:
             for member in self.members:
                 self.ray.kill(member.actor)

@@ -8,8 +8,9 @@ method returns at once, so the driver can stream logs while a role is still star
 
 from __future__ import annotations
 
+import contextlib
 import os
-import signal
+import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +21,8 @@ from typing import Any
 
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
-from asyncrl.processes import answers_health, start, stop
+from asyncrl.ports import free_ports
+from asyncrl.processes import answers_health, kill_group, start, stop
 
 LOG_CHUNK = 1 << 20  # bytes of log handed to the driver per call
 
@@ -33,8 +35,8 @@ class RoleActor:
         self.command: list[str] = []
         self.cwd = "."
         # the child's log and heartbeat stay on this node; the driver copies the log into logs/
-        scratch = Path(tempfile.mkdtemp(prefix=f"asyncrl-{label}-"))
-        self.log_path, self.heartbeat = scratch / "role.log", scratch / "heartbeat"
+        self.scratch = Path(tempfile.mkdtemp(prefix=f"asyncrl-{label}-"))  # removed by cleanup()
+        self.log_path, self.heartbeat = self.scratch / "role.log", self.scratch / "heartbeat"
 
     def place(self) -> dict[str, Any]:
         """This actor's node address, the devices Ray gave it, and its process id."""
@@ -48,15 +50,9 @@ class RoleActor:
         }
 
     def free_ports(self, count: int) -> list[int]:
-        """`count` distinct ports free on this node now (a role binds each a moment later)."""
-        sockets = [socket.socket() for _ in range(count)]
-        try:
-            for sock in sockets:
-                sock.bind(("", 0))
-            return [int(sock.getsockname()[1]) for sock in sockets]
-        finally:
-            for sock in sockets:
-                sock.close()
+        """`count` distinct ports free on this node now, outside the range the kernel hands out
+        by itself (a role binds each a moment later, and again when it restarts)."""
+        return free_ports(count)
 
     def write_probe(self, directory: str, token: str) -> str | None:
         """Leave `token` in `directory/<label>`; the reason if this node cannot write there."""
@@ -66,6 +62,14 @@ class RoleActor:
         except OSError as error:
             return f"{self.label} cannot write {directory}: {error}"
         return None
+
+    def remove_probe(self, directory: str) -> None:
+        """Remove this actor's probe, and `directory` and its parent once empty (a node whose
+        run directory is its own keeps no trace either)."""
+        Path(directory, self.label).unlink(missing_ok=True)
+        for folder in (Path(directory), Path(directory).parent):
+            with contextlib.suppress(OSError):  # not empty: other probes, or other runs'
+                folder.rmdir()
 
     def missing_probes(self, directory: str, expected: dict[str, str]) -> list[str]:
         """Labels whose probe this node does not see in `directory` (not shared storage)."""
@@ -112,8 +116,7 @@ class RoleActor:
     def kill_role(self) -> None:
         """SIGKILL the child's whole group: a hung role (a stopped process too)."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            kill_group(self.process)
 
     def healthy(self, url: str) -> bool:
         return answers_health(url)
@@ -154,3 +157,10 @@ class RoleActor:
             return None
         stop(self.process, grace)
         return self.process.returncode
+
+    def cleanup(self) -> None:
+        """Stop the child if it still runs, and remove this actor's scratch directory (its log
+        copy, its heartbeat): the driver calls it before killing the actor."""
+        if self.process is not None:
+            stop(self.process, grace=5.0)
+        shutil.rmtree(self.scratch, ignore_errors=True)

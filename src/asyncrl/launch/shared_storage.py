@@ -1,11 +1,14 @@
 """Whether a cluster run's roles share the run directory, and whether this config needs them to.
 
-Each actor writes a probe file into `output_dir` and looks for every other actor's (see
-`RoleActor.write_probe`); this judges what they found.
+Each actor writes a probe file into `output_dir/.cluster_probe/<run id>/` and looks for every
+other actor's (see `RoleActor.write_probe`); this judges what they found, and the probes are
+removed once judged (`remove_probes`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +17,19 @@ from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
+
+PROBES = ".cluster_probe"
+
+
+def probe_dir(output: Path, run_id: str) -> Path:
+    return output / PROBES / run_id
+
+
+def remove_probes(output: Path, run_id: str) -> None:
+    """Remove this run's probe directory, and the probes' folder once no other run's is in it."""
+    shutil.rmtree(probe_dir(output, run_id), ignore_errors=True)
+    with contextlib.suppress(OSError):  # not empty: another run is probing now
+        (output / PROBES).rmdir()
 
 
 def shared_storage_needs(config: RLConfig) -> list[str]:

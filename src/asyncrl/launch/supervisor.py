@@ -10,7 +10,6 @@ and the end of its log; past the budget the run stops with `RoleFailed`.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import time
@@ -19,10 +18,10 @@ from pathlib import Path
 
 from asyncrl.config.restart import RestartConfig
 from asyncrl.config.rl import RLConfig
-from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
+from asyncrl.heartbeat import HEARTBEAT_ENV, clear_heartbeat, silent_for
 from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
-from asyncrl.processes import start, tail
+from asyncrl.processes import kill_group, start, tail
 
 logger = get_logger(__name__)
 
@@ -113,7 +112,7 @@ class SupervisedRole:
         return self.budget.restarts
 
     def _start(self, command: list[str]) -> subprocess.Popen[bytes]:
-        self.spec.heartbeat.unlink(missing_ok=True)  # a new process beats afresh
+        clear_heartbeat(self.spec.heartbeat)  # a new process (and its ranks) beats afresh
         env = {**self.spec.env, HEARTBEAT_ENV: str(self.spec.heartbeat)}
         return start(command, self.spec.log, env)
 
@@ -133,8 +132,7 @@ class SupervisedRole:
             silent = silent_for(self.spec.heartbeat)
             if not self.budget.hung(silent):
                 return
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+            kill_group(self.process)
             ending = f"hung (no heartbeat for {silent:.0f} s) and was killed"
         elif code == 0 and self.spec.finishes:
             self.finished = True

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from torch.distributed.tensor import DTensor
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.trainer.logprobs import register_fsdp_logprobs
+from asyncrl.trainer.rank_store import rank_store
 from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
@@ -69,9 +71,10 @@ SINGLE_PROCESS = Ranks(0, 1, torch.device("cpu"))
 
 
 def init_ranks(world_size: int, timeout: float) -> Ranks:
-    """Join the process group torch's launcher set up (RANK, WORLD_SIZE, MASTER_ADDR in the
-    environment); a single process when `world_size` is 1. Every collective times out after
-    `timeout` seconds, so a dead rank is an error, never a silent hang."""
+    """Join the process group a launcher set up (RANK, WORLD_SIZE, MASTER_ADDR in the
+    environment) through the ranks' own store (`rank_store.py`: bound to MASTER_ADDR, keyed by
+    the run's secret); a single process when `world_size` is 1. Every collective times out
+    after `timeout` seconds, so a dead rank is an error, never a silent hang."""
     device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     if world_size == 1:
         return Ranks(0, 1, device)
@@ -81,15 +84,17 @@ def init_ranks(world_size: int, timeout: float) -> Ranks:
             f"trainer.world_size is {world_size} but the launcher started {launched} rank(s); "
             "`asyncrl train` starts the ranks itself, or give torchrun a matching total"
         )
-    die_with_parent()  # the launcher's workers live in their own sessions: never orphan them
+    die_with_parent(signal.SIGKILL)  # never outlive the launcher, even stopped (SIGSTOP)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device.type == "cuda":  # GPU path: written, not run on this project's CPU machines
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    rank = int(os.environ["RANK"])
     dist.init_process_group(
-        backend, timeout=timedelta(seconds=timeout), device_id=_device_id(device)
-    )
+        backend, store=rank_store(rank, world_size, timeout), rank=rank, world_size=world_size,
+        timeout=timedelta(seconds=timeout), device_id=_device_id(device),
+    )  # fmt: skip
     ranks = Ranks(dist.get_rank(), dist.get_world_size(), device)
     logger.info("trainer: rank %d of %d on %s (%s)", ranks.rank, world_size, device, backend)
     return ranks

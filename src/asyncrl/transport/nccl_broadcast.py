@@ -16,8 +16,12 @@ When the trainer dies, the servers keep serving and wait for the restarted train
 Full weights only: a LoRA policy broadcasts its adapter through the filesystem.
 
 The store has no authentication, so it listens on the configured host only (torch's own server
-would listen on every interface): loopback by default, the trainer's address on a cluster,
-where the network between nodes must be trusted.
+would listen on every interface): loopback by default, the trainer's address on a cluster.
+There every key the group uses lives under a prefix derived from the run's secret
+(`run_secret.py`), and a role without the secret refuses a host off loopback: a client of the
+store that lacks the secret cannot ask for a rebuild, announce a send or take a rank, since
+it cannot name any of those keys. (The weights themselves travel over NCCL or gloo
+connections, which only the group's members make.)
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from asyncrl.log import get_logger
+from asyncrl.run_secret import secret_for, store_prefix
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
@@ -39,13 +44,19 @@ logger = get_logger(__name__)
 COMPLETE = "complete"  # set by the trainer once every server has joined
 REJOIN = "rejoin"  # a counter: restarted servers that found the group complete without them
 CONNECT_TIMEOUT = 5.0  # one attempt to reach the trainer's store; a server keeps trying
+CHANNEL = "the weight-broadcast store (weight_broadcast: nccl)"
+
+
+def _keys_of_this_run(host: str) -> str:
+    """The prefix under which the group's keys live (the run's secret in it when there is one)."""
+    return store_prefix(secret_for(CHANNEL, host), "weight-broadcast")
 
 
 def _backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def _init_group(store: dist.TCPStore, rank: int, world_size: int, timeout: float) -> None:
+def _init_group(store: dist.Store, rank: int, world_size: int, timeout: float) -> None:
     if _backend() == "nccl":  # abort the communicator and raise here, not tear the process down
         os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
     dist.init_process_group(
@@ -66,6 +77,7 @@ class WeightSender:
         self.host, self.port, self.receivers, self.timeout = host, port, receivers, timeout
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.last: tuple[int, torch.nn.Module] | None = None  # resent to a rebuilt group
+        self.prefix = _keys_of_this_run(host)
         self._form_group()
 
     def _form_group(self) -> None:
@@ -75,11 +87,12 @@ class WeightSender:
             self.receivers, self.host, self.port,
         )  # fmt: skip
         listener = socket.create_server((self.host, self.port))
-        self.store: dist.TCPStore | None = dist.TCPStore(
+        server = dist.TCPStore(
             self.host, self.port, self.receivers + 1, is_master=True,
             timeout=timedelta(seconds=self.timeout), master_listen_fd=listener.fileno(),
         )  # fmt: skip
         listener.detach()  # the store owns the socket now, and closes it with itself
+        self.store: dist.Store | None = dist.PrefixStore(self.prefix, server)
         _init_group(self.store, 0, self.receivers + 1, self.timeout)
         self.store.set(COMPLETE, "1")
         self.sends = 0
@@ -147,7 +160,8 @@ class WeightReceiver:
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout: float) -> None:
         self.host, self.port, self.rank = host, port, rank
         self.world_size, self.timeout = world_size, timeout
-        self.store: dist.TCPStore | None = None
+        self.prefix = _keys_of_this_run(host)
+        self.store: dist.Store | None = None
         self.sends = 0
 
     @torch.no_grad()
@@ -203,14 +217,16 @@ class WeightReceiver:
             logger.info("joined the weight broadcast group as rank %d", self.rank)
             return
 
-    def _connect(self) -> dist.TCPStore:
-        """A client of the trainer's store. A plain connection is tried first: torch logs every
-        failed attempt of its own, which would flood the log while the trainer restarts."""
+    def _connect(self) -> dist.Store:
+        """A client of the trainer's store, seeing this run's keys only. A plain connection is
+        tried first: torch logs every failed attempt of its own, which would flood the log
+        while the trainer restarts."""
         socket.create_connection((self.host, self.port), timeout=CONNECT_TIMEOUT).close()
-        return dist.TCPStore(
+        client = dist.TCPStore(
             self.host, self.port, self.world_size, is_master=False,
             timeout=timedelta(seconds=CONNECT_TIMEOUT),
         )  # fmt: skip
+        return dist.PrefixStore(self.prefix, client)
 
     def _receive_tensors(self, model: torch.nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
         device = next(model.parameters()).device  # NCCL needs GPU tensors, gloo CPU ones
@@ -237,7 +253,7 @@ class WeightReceiver:
         self.store = None
 
 
-def _wait_until_closed(store: dist.TCPStore, should_stop: Callable[[], bool], poll: float) -> None:
+def _wait_until_closed(store: dist.Store, should_stop: Callable[[], bool], poll: float) -> None:
     while not should_stop():
         try:
             store.check([COMPLETE])

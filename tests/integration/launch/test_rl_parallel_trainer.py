@@ -88,7 +88,7 @@ def test_a_killed_rank_stops_the_run_naming_the_rank(tiny_model_dir: Path, tmp_p
     assert launcher.returncode != 0
     message = stderr.decode(errors="replace")
     assert "`asyncrl train` exited" in message
-    assert "rank      : 1" in message and "Signal 9 (SIGKILL)" in message, message[-3000:]
+    assert "rank 1 exited (SIGKILL)" in message, message[-3000:]
     deadline = time.monotonic() + 30
     while survivors(str(output)) and time.monotonic() < deadline:
         time.sleep(0.2)

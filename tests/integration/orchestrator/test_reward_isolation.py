@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -10,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import asyncrl
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardPool, RewardResult
 
@@ -237,3 +242,49 @@ def test_a_cancelled_scoring_never_hands_its_answer_to_the_next_rollout(env_on_p
             await pool.close()
 
     asyncio.run(scenario())
+
+
+ORPHANING_HOST = """
+import asyncio, sys
+from asyncrl.envs import load_environment
+from asyncrl.envs.reward_pool import RewardPool
+
+async def main():
+    env = load_environment(sys.argv[1], {})
+    example = env.examples("train", 1)[0]
+    pool = RewardPool(sys.argv[1], {}, env.rubric, num_workers=2, timeout=600)
+    await pool.start()
+    busy = asyncio.ensure_future(pool.score("hang", example))  # stuck in a reward
+    await asyncio.sleep(1)
+    with open(sys.argv[2], "w") as out:
+        out.write(" ".join(str(worker.process.pid) for worker in pool._workers))
+    await busy
+
+asyncio.run(main())
+"""
+
+
+def test_workers_die_with_the_process_that_runs_the_pool(env_on_path: str, tmp_path: Path) -> None:
+    """A killed orchestrator (SIGKILL: it cannot clean up) leaves no worker behind, not even one
+    stuck in a reward."""
+    pids_file = tmp_path / "workers"
+    source = str(Path(asyncrl.__file__).parents[1])  # this asyncrl, whatever PYTHONPATH says
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([os.environ["PYTHONPATH"], source])}
+    host = subprocess.Popen(
+        [sys.executable, "-c", ORPHANING_HOST, env_on_path, str(pids_file)], env=environment
+    )
+    deadline = time.monotonic() + 120
+    while not pids_file.exists() or not pids_file.read_text():
+        assert host.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    workers = [int(pid) for pid in pids_file.read_text().split()]
+    assert len(workers) == 2 and all(alive(pid) for pid in workers)
+    host.kill()
+    host.wait()
+    deadline = time.monotonic() + 10
+    while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = [pid for pid in workers if alive(pid)]
+    for pid in left:  # the old behaviour: clean up what the test proved was orphaned
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"reward workers {left} outlived the process that started them"

@@ -136,3 +136,29 @@ def test_lora_update_replaces_the_adapter_under_its_name(url: str, model_dir: Pa
         ["load_lora_adapter", {"lora_name": "policy", "lora_path": "/adapters/step_4"}],
         ["flush_cache", None],
     ]
+
+
+def test_the_api_key_reaches_sglang_but_no_command_line(model_dir: Path) -> None:
+    """`ps` shows every user each process's command line: the key must not be on it."""
+    key = "sglang-key-of-this-test-0123"
+    path = os.pathsep.join([str(STAND_IN), os.environ.get("PYTHONPATH", "")])
+    with inference_server(
+        model_dir, "--backend", "sglang", "--executable", sys.executable,
+        env={"PYTHONPATH": path, "VLLM_API_KEY": key},
+    ) as server:  # fmt: skip
+        assert httpx.get(f"{server}/v1/models").status_code == 401
+        authorized = {"Authorization": f"Bearer {key}"}
+        assert httpx.get(f"{server}/v1/models", headers=authorized).status_code == 200
+        shown = []
+        for process in Path("/proc").iterdir():
+            try:
+                shown.append((process / "cmdline").read_bytes())
+            except OSError:
+                continue
+        launched = [
+            c for c in shown if b"sglang.launch_server" in c and str(model_dir).encode() in c
+        ]
+        assert launched and not [c for c in shown if key.encode() in c]
+        config = launched[0].split(b"\0")
+        if b"--config" in config:  # read at start-up, then removed: no copy left on disk
+            assert not Path(config[config.index(b"--config") + 1].decode()).exists()

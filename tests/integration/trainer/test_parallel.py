@@ -87,6 +87,6 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks(
     for key in uninterrupted:
         torch.testing.assert_close(resumed[key], uninterrupted[key], atol=1e-5, rtol=0)
     assert (checkpoint / "COMPLETE").exists()
-    assert sorted(p.name for p in checkpoint.glob("rank_*.pt")) == [
-        f"rank_{r}.pt" for r in range(saved_on)
+    assert sorted(p.name for p in checkpoint.glob("rank_*.json")) == [
+        f"rank_{r}.json" for r in range(saved_on)
     ]

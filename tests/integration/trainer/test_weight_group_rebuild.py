@@ -13,6 +13,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import timedelta
 
 import pytest
 
@@ -150,3 +151,34 @@ def test_the_servers_join_a_restarted_trainers_group_by_themselves() -> None:
         sender.expect("done send")
         for server in servers:
             server.expect("received 3 3.0")
+
+
+def test_with_the_run_secret_a_stranger_on_the_store_changes_nothing(monkeypatch) -> None:
+    """Anyone who reaches the store's port can connect to it: without the run's secret it
+    cannot ask the trainer to tear the group down (`rejoin`), nor announce a send."""
+    import torch.distributed as dist
+
+    monkeypatch.setenv("ASYNCRL_RUN_SECRET", "the-run-secret-of-this-test")  # every peer's
+    with weight_group() as (port, peers):
+        sender = Peer(SENDER, port)
+        servers = [Peer(RECEIVER, port, rank) for rank in range(1, SERVERS + 1)]
+        peers += [sender, *servers]
+        sender.expect("formed")
+        sender.tell("send 1")
+        sender.expect("done send")
+        for server in servers:
+            server.expect("received 1 1.0")
+
+        stranger = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
+        stranger.add("rejoin", 1)  # the keys the group used before it had a secret
+        stranger.set("send_2", "7")
+        sender.tell("admit")  # a rebuild would send version 1 to every server again
+        sender.expect("done admit")
+        for server in servers:
+            with pytest.raises(AssertionError, match=r"no `received 1 1\.0`"):
+                server.expect("received 1 1.0", timeout=3)
+        sender.tell("send 2")
+        sender.expect("done send")
+        for server in servers:
+            server.expect("received 2 2.0")
+        del stranger

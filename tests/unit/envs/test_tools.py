@@ -95,3 +95,25 @@ def test_the_parser_is_pluggable() -> None:
     text = '[[{"name": "add", "arguments": {"a": 1, "b": 1}}]]'
     assert answer_tool_calls(text, TOOLS) is None
     assert answer_tool_calls(text, TOOLS, bracket_parser)[0] == [{"role": "tool", "content": "2"}]
+
+
+def test_calls_beyond_the_turns_limit_are_answered_unrun() -> None:
+    ran = []
+    counting = Tool("count", "Counts.", NO_ARGUMENTS, lambda: ran.append(1) or len(ran))
+    text = " ".join(call('{"name": "count", "arguments": {}}') for _ in range(12))
+    messages, records = answer_tool_calls(text, [counting])
+    assert len(ran) == 8 and len(messages) == 12
+    assert [r.error for r in records] == [""] * 8 + ["too_many_calls"] * 4
+    assert "only 8 tool calls are run per turn" in messages[-1]["content"]
+
+
+def test_a_turns_slow_calls_share_its_tool_budget() -> None:
+    from asyncrl.envs.tools import tool_time_budget
+
+    slow = Tool("nap", "Sleeps 5 s.", NO_ARGUMENTS, lambda: time.sleep(5) or "rested", timeout=5)
+    text = " ".join(call('{"name": "nap", "arguments": {}}') for _ in range(4))
+    started = time.monotonic()
+    with tool_time_budget(1.0):
+        _, records = answer_tool_calls(text, [slow])
+    assert time.monotonic() - started < 2.0  # not 4 × 5 s
+    assert [r.error for r in records] == ["timeout", "out_of_time", "out_of_time", "out_of_time"]

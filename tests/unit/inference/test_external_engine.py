@@ -95,3 +95,20 @@ def test_a_missing_engine_interpreter_names_the_key(tmp_path: Path) -> None:
     config = InferenceConfig(model="m", backend="vllm", executable=str(missing))
     with pytest.raises(SystemExit, match=r"`inference.executable` .*no-venv.* does not exist"):
         serve_external(config)
+
+
+def test_the_sglang_key_goes_in_a_file_only_its_user_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    from asyncrl.inference.external_engine import private_key_file
+
+    monkeypatch.setenv("MY_KEY", "s3cret")
+    config = InferenceConfig(model="m", backend="sglang", api_key_var="MY_KEY")
+    key_file = private_key_file("s3cret")
+    try:
+        command, _ = engine_command(config, key_file)
+        assert "s3cret" not in " ".join(command) and flag(command, "--config") == str(key_file)
+        assert key_file.read_text() == "api-key: s3cret\n"
+        assert key_file.stat().st_mode & 0o777 == 0o600
+        assert key_file.parent.stat().st_mode & 0o777 == 0o700
+    finally:
+        key_file.unlink()
+        key_file.parent.rmdir()

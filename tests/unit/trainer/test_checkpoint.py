@@ -1,24 +1,27 @@
-"""A trainer checkpoint restores weights, optimizer, scheduler and RNG exactly."""
+"""A trainer checkpoint restores weights, optimizer, scheduler and RNG exactly, and holds nothing
+that runs code when it is loaded: a resume refuses the pickled checkpoints of earlier versions
+(planted code in them never runs), and `asyncrl migrate-checkpoint` converts trusted ones."""
 
 from __future__ import annotations
 
+import json
+import os
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_model
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from transformers import AutoModelForCausalLM
 
+from asyncrl.checkpoint.layout import mark_complete
+from asyncrl.cli import main as asyncrl_main
+from asyncrl.config.base import ConfigError
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.trainer.checkpoint import (
-    LEGACY_STATE,
-    LEGACY_WEIGHTS,
-    load_trainer_checkpoint,
-    save_trainer_checkpoint,
-)
+from asyncrl.trainer.checkpoint import load_trainer_checkpoint, save_trainer_checkpoint
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
-from asyncrl.trainer.parallel import Ranks
 
 
 def setup(model_dir: Path) -> tuple:
@@ -56,38 +59,119 @@ def test_round_trip_restores_everything(tiny_model_dir: Path, tmp_path: Path) ->
         assert torch.allclose(parameter, expected[name], atol=1e-7), name
 
 
-def test_a_checkpoint_in_the_earlier_single_process_format_still_loads(
+def test_a_checkpoint_holds_json_and_raw_bytes_only(tiny_model_dir: Path, tmp_path: Path) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    train_a_step(model, optimizer, scheduler)
+    save_trainer_checkpoint(tmp_path / "ckpt", 1, model, optimizer, scheduler)
+    files = sorted(p.relative_to(tmp_path / "ckpt").as_posix()
+                   for p in (tmp_path / "ckpt").rglob("*") if p.is_file())  # fmt: skip
+    assert files == ["COMPLETE", "plain.json", "rank_0.json", "shards/__0_data.bin",
+                     "shards/index.json"]  # fmt: skip
+    for name in ("plain.json", "rank_0.json", "shards/index.json"):
+        json.loads((tmp_path / "ckpt" / name).read_text())
+    index = json.loads((tmp_path / "ckpt" / "shards" / "index.json").read_text())
+    stored = sum(c["length"] for t in index["tensors"].values() for c in t["chunks"])
+    assert stored == (tmp_path / "ckpt" / "shards" / "__0_data.bin").stat().st_size
+    assert not (tmp_path / "ckpt" / "shards" / "__0_data.bin").read_bytes().startswith(b"PK")
+
+
+class Planted:
+    """What an attacker writes into a run directory: unpickling it runs `os.mkdir(path)`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (os.mkdir, (str(self.path),))
+
+
+def save_in_the_pickled_format(directory: Path, model, optimizer, scheduler, step: int) -> None:
+    """A checkpoint as asyncrl wrote it before this format: DCP's own files, `torch.save`."""
+    directory.mkdir(parents=True)
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optimizer_state},
+             checkpoint_id=directory / "shards", no_dist=True)  # fmt: skip
+    torch.save({"step": step, "scheduler": scheduler.state_dict(),
+                "torch_rng": torch.get_rng_state(), "world_size": 1},
+               directory / "rank_0.pt")  # fmt: skip
+    mark_complete(directory, step)
+
+
+def plant_in_a_byte_item(shards: Path, payload: object) -> None:
+    """Keep a genuine index but point `param_groups.0.lr` at a pickle appended to the data."""
+    metadata = pickle.loads((shards / ".metadata").read_bytes())  # the test wrote it itself
+    data = shards / "__0_0.distcp"
+    offset = data.stat().st_size
+    with open(data, "ab") as out:
+        torch.save(payload, out)
+    for index, info in metadata.storage_data.items():
+        if index.fqn == "optimizer.param_groups.0.lr":
+            info.offset, info.length = offset, data.stat().st_size - offset
+    (shards / ".metadata").write_bytes(pickle.dumps(metadata))
+
+
+@pytest.mark.parametrize("where", ["metadata", "byte_item"])
+def test_resuming_from_a_planted_pickled_checkpoint_runs_nothing(
+    tiny_model_dir: Path, tmp_path: Path, where: str
+) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    checkpoint = tmp_path / "checkpoints" / "step_3" / "trainer"
+    save_in_the_pickled_format(checkpoint, model, optimizer, scheduler, 3)
+    marker = tmp_path / "code-ran"
+    if where == "metadata":
+        (checkpoint / "shards" / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
+    else:
+        plant_in_a_byte_item(checkpoint / "shards", Planted(marker))
+    with pytest.raises(Exception) as refused:  # what it must not do is checked first
+        load_trainer_checkpoint(checkpoint, model, optimizer, scheduler)
+    assert not marker.exists(), "resuming ran the code planted in the checkpoint"
+    assert isinstance(refused.value, ConfigError)
+    assert "Python pickles" in str(refused.value) and "asyncrl migrate-checkpoint" in str(
+        refused.value
+    )
+    # its owner's explicit conversion does not run it either: it stops, naming the item
+    assert asyncrl_main(["migrate-checkpoint", str(tmp_path)]) == 2
+    assert not marker.exists()
+    assert (checkpoint / "shards" / ".metadata").exists()  # left as it was
+
+
+def test_a_trusted_pickled_checkpoint_converts_and_resumes_exactly(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     model, optimizer, scheduler = setup(tiny_model_dir)
-    train_a_step(model, optimizer, scheduler)
-    legacy = tmp_path / "legacy"
-    legacy.mkdir()
-    save_model(model, str(legacy / LEGACY_WEIGHTS))
-    torch.save({"step": 1, "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state()},
-               legacy / LEGACY_STATE)  # fmt: skip
+    for _ in range(2):
+        train_a_step(model, optimizer, scheduler)
+    torch.manual_seed(7)
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_2" / "trainer"
+    save_in_the_pickled_format(checkpoint, model, optimizer, scheduler, 2)
+    expected_noise = torch.rand(3)
     train_a_step(model, optimizer, scheduler)
     expected = {n: p.detach().clone() for n, p in model.named_parameters()}
 
+    assert asyncrl_main(["migrate-checkpoint", str(tmp_path / "run")]) == 0
+    assert not (checkpoint / "shards" / ".metadata").exists()
+    assert (checkpoint / "COMPLETE").exists() and (checkpoint / "rank_0.json").exists()
     fresh, fresh_optimizer, fresh_scheduler = setup(tiny_model_dir)
-    assert load_trainer_checkpoint(legacy, fresh, fresh_optimizer, fresh_scheduler) == 1
+    assert load_trainer_checkpoint(checkpoint, fresh, fresh_optimizer, fresh_scheduler) == 2
+    assert torch.equal(torch.rand(3), expected_noise)
+    assert fresh_scheduler.state_dict() == scheduler.state_dict() | {
+        "last_epoch": 2, "_step_count": 3, "_last_lr": fresh_scheduler.get_last_lr()
+    }  # fmt: skip
     train_a_step(fresh, fresh_optimizer, fresh_scheduler)
     for name, parameter in fresh.named_parameters():
         assert torch.allclose(parameter, expected[name], atol=1e-7), name
 
 
-def test_an_old_single_process_checkpoint_on_several_ranks_says_how_to_resume_it(
+def test_a_single_process_checkpoint_of_an_early_version_is_refused_with_a_reason(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
     model, optimizer, scheduler = setup(tiny_model_dir)
     legacy = tmp_path / "legacy"
     legacy.mkdir()
-    save_model(model, str(legacy / LEGACY_WEIGHTS))
-    # refused before any collective, so no process group is needed here
-    two_ranks = Ranks(rank=0, world_size=2, device=torch.device("cpu"))
-    with pytest.raises(RuntimeError, match=r"single-process checkpoint .* trainer.world_size 1"):
-        load_trainer_checkpoint(legacy, model, optimizer, scheduler, ranks=two_ranks)
+    save_model(model, str(legacy / "weights.safetensors"))
+    torch.save({"step": 1, "optimizer": optimizer.state_dict()}, legacy / "state.pt")
+    with pytest.raises(ConfigError, match=r"single-process checkpoint .* pickle"):
+        load_trainer_checkpoint(legacy, model, optimizer, scheduler)
 
 
 def test_a_qlora_checkpoint_holds_the_adapters_and_restores_the_run(
@@ -121,8 +205,8 @@ def test_a_qlora_checkpoint_holds_the_adapters_and_restores_the_run(
     step(model, optimizer, scheduler)
     expected = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
 
-    saved = dcp.FileSystemReader(str(tmp_path / "ckpt" / "shards"))
-    keys = [key for key in saved.read_metadata().state_dict_metadata if key.startswith("model.")]
+    index = json.loads((tmp_path / "ckpt" / "shards" / "index.json").read_text())
+    keys = [key for key in index["tensors"] if key.startswith("model.")]
     assert keys and all(".lora_" in key for key in keys)  # no base weight, no 4-bit state
 
     fresh, fresh_optimizer, fresh_scheduler = build()
@@ -136,3 +220,27 @@ def test_a_qlora_checkpoint_holds_the_adapters_and_restores_the_run(
     assert trained.keys() == expected.keys()
     for name, parameter in trained.items():
         torch.testing.assert_close(parameter, expected[name], atol=1e-7, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("change", "complaint"),
+    [
+        (lambda t: t.update(dtype="object"), "dtype 'object'"),
+        (lambda t: t["chunks"][0].update(file="../../../etc/passwd"), "not a data file"),
+        (lambda t: t["chunks"][0].update(length=t["chunks"][0]["length"] + 4), "bytes, not"),
+        (lambda t: t["chunks"][0].update(sizes=[10**6, 1]), "outside"),
+        (lambda t: t["chunks"][0].update(offset=10**9), "ends before"),
+    ],
+)
+def test_a_tampered_index_is_refused_naming_the_file(
+    tiny_model_dir: Path, tmp_path: Path, change, complaint: str
+) -> None:
+    model, optimizer, scheduler = setup(tiny_model_dir)
+    save_trainer_checkpoint(tmp_path / "ckpt", 1, model, optimizer, scheduler)
+    index_path = tmp_path / "ckpt" / "shards" / "index.json"
+    index = json.loads(index_path.read_text())
+    change(index["tensors"]["model.model.embed_tokens.weight"])
+    index_path.write_text(json.dumps(index))
+    with pytest.raises(ConfigError, match=complaint) as refused:
+        load_trainer_checkpoint(tmp_path / "ckpt", model, optimizer, scheduler)
+    assert "/ckpt/shards" in str(refused.value)

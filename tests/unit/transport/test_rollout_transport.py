@@ -81,3 +81,63 @@ def test_zmq_high_water_mark_holds_the_orchestrator_back() -> None:
     receiver.close()
     sender.socket.close(linger=0)
     assert zmq.Context.instance() is not None
+
+
+SECRET = "a-run-secret-of-enough-characters"
+
+
+@pytest.mark.parametrize("stranger_keys", ["none", "its_own"])
+def test_with_the_run_secret_a_stranger_cannot_take_batches(monkeypatch, stranger_keys) -> None:
+    """PUSH deals round-robin to every connected peer: a stranger's PULL socket, plain or with
+    CURVE keys of its own (knowing even the server's public key), must get nothing, and the
+    trainer every batch in order."""
+    monkeypatch.setenv("ASYNCRL_RUN_SECRET", SECRET)
+    config = zmq_config()
+    sender = batch_sender(config, Path("."))
+    context = zmq.Context()
+    stranger = context.socket(zmq.PULL)
+    if stranger_keys == "its_own":
+        from asyncrl.transport.zmq_auth import curve_keys
+
+        stranger.curve_serverkey = curve_keys(SECRET).server_public
+        stranger.curve_publickey, stranger.curve_secretkey = zmq.curve_keypair()
+    stranger.connect(f"tcp://127.0.0.1:{config.port}")
+    time.sleep(0.5)  # connected (or refused) before the trainer: first in the round-robin
+    receiver = batch_receiver(config, Path("."))
+    time.sleep(0.5)
+    for step in (1, 2, 3, 4):
+        sender.send(batch(step))
+    try:
+        assert [receiver.receive(step, timeout=10) for step in (1, 2, 3, 4)] == [
+            batch(1), batch(2), batch(3), batch(4)
+        ]  # fmt: skip
+        assert stranger.poll(500) == 0
+    finally:
+        stranger.close(linger=0)
+        context.term()
+        receiver.close()
+        sender.socket.close(linger=0)
+
+
+def test_a_trainer_without_the_secret_is_not_let_in(monkeypatch) -> None:
+    monkeypatch.setenv("ASYNCRL_RUN_SECRET", SECRET)
+    config = zmq_config()
+    sender = batch_sender(config, Path("."))
+    monkeypatch.delenv("ASYNCRL_RUN_SECRET")
+    receiver = batch_receiver(config, Path("."))
+    with pytest.raises(TimeoutError, match=r"no CURVE: \$ASYNCRL_RUN_SECRET is unset here"):
+        receiver.receive(1, timeout=1.0)
+    receiver.close()
+    sender.close()
+
+
+def test_off_loopback_without_the_secret_zmq_refuses_to_start(monkeypatch) -> None:
+    from asyncrl.config.base import ConfigError
+
+    monkeypatch.delenv("ASYNCRL_RUN_SECRET", raising=False)
+    # an address of no machine here (TEST-NET-3): nothing is bound or reached either way
+    config = RolloutTransportConfig(type="zmq", host="203.0.113.7", port=free_port())
+    with pytest.raises(ConfigError, match=r"ASYNCRL_RUN_SECRET"):
+        batch_sender(config, Path("."))
+    with pytest.raises(ConfigError, match=r"ASYNCRL_RUN_SECRET"):
+        batch_receiver(config, Path("."))

@@ -2,7 +2,9 @@
 
 It speaks the SGLang routes asyncrl uses (/generate with token logprobs, /update_weights_from_disk,
 /flush_cache, LoRA load/unload, pause/continue, /get_model_info) over a transformers model, and
-records every admin call at /calls so tests can check the order. It is not SGLang.
+records every admin call at /calls so tests can check the order. Like SGLang it takes an API key
+from `--api-key` or from the YAML file `--config` names (`api-key:`), and then wants it as a
+bearer token on every route but /health. It is not SGLang.
 """
 
 from __future__ import annotations
@@ -12,12 +14,22 @@ from typing import Any
 
 import torch
 import uvicorn
-from fastapi import FastAPI
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 
-def build(model_path: str) -> FastAPI:
+def build(model_path: str, api_key: str | None = None) -> FastAPI:
     app = FastAPI()
+
+    @app.middleware("http")
+    async def wants_the_key(request: Request, call_next: Any) -> Any:
+        given = request.headers.get("authorization")
+        if api_key and request.url.path != "/health" and given != f"Bearer {api_key}":
+            return JSONResponse({"error": "Unauthorized"}, status_code=401)
+        return await call_next(request)
+
     state: dict[str, Any] = {
         "model": AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval(),
         "calls": [],
@@ -93,5 +105,12 @@ if __name__ == "__main__":
     parser.add_argument("--model-path", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--api-key")
+    parser.add_argument("--config")
     known, _ = parser.parse_known_args()  # every other SGLang flag is accepted and ignored
-    uvicorn.run(build(known.model_path), host=known.host, port=known.port, log_level="warning")
+    key = known.api_key
+    if known.config:
+        with open(known.config) as config:
+            key = yaml.safe_load(config).get("api-key", key)
+    app = build(known.model_path, key)
+    uvicorn.run(app, host=known.host, port=known.port, log_level="warning")
