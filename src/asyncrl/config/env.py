@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field
 
 from asyncrl.config.base import StrictModel
+from asyncrl.config.model_rewards import ModelRewardConfig
 
 
 class EnvConfig(StrictModel):
@@ -23,4 +24,10 @@ class EnvConfig(StrictModel):
     api_key_var: str = Field(
         "ASYNCRL_ENV_API_KEY",
         description="Environment variable with the API key of the environment server.",
+    )
+    model_rewards: list[ModelRewardConfig] = Field(
+        default_factory=list,
+        description="Reward terms that are models, beside the environment's own rubric: "
+        "`reward_model`, `judge` or `plugin` entries, each with its name and weight "
+        "(docs/judges.md). Run by the orchestrator.",
     )
