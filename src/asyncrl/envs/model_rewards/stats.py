@@ -46,6 +46,7 @@ class TermFigures:
     completion_tokens: int = 0
     batch_items: int = 0  # rollouts in the batches sent (scorer processes)
     busy_seconds: float = 0.0  # wall time with at least one request in flight
+    in_flight_max: int = 0  # requests in flight at once, at most
 
     def absorb(self, other: TermFigures) -> None:
         """Add another term's figures (two environments with a term of the same name)."""
@@ -59,6 +60,7 @@ class TermFigures:
         self.completion_tokens += other.completion_tokens
         self.batch_items += other.batch_items
         self.busy_seconds += other.busy_seconds
+        self.in_flight_max = max(self.in_flight_max, other.in_flight_max)
 
     def metrics(self, name: str) -> dict[str, float]:
         prefix = f"orchestrator/model_reward/{name}"
@@ -71,6 +73,7 @@ class TermFigures:
             f"{prefix}/prompt_tokens": self.prompt_tokens,
             f"{prefix}/completion_tokens": self.completion_tokens,
             f"{prefix}/busy_seconds": self.busy_seconds,
+            f"{prefix}/in_flight_max": self.in_flight_max,
         }
         record.update({f"{prefix}/failed/{kind}": self.failures[kind] for kind in FAILURE_KINDS})
         if self.batch_items:
@@ -92,6 +95,7 @@ class TermStats:
             self._busy_since = now
         self._in_flight += 1
         self.figures.requests += 1
+        self.figures.in_flight_max = max(self.figures.in_flight_max, self._in_flight)
         return now
 
     def request_ended(self, started: float) -> None:
@@ -113,7 +117,7 @@ class TermStats:
         """The figures since the last call; a busy span still open is split, its part so far
         going to the figures taken."""
         now = time.perf_counter()
-        taken, self.figures = self.figures, TermFigures()
+        taken, self.figures = self.figures, TermFigures(in_flight_max=self._in_flight)
         if self._in_flight:
             taken.busy_seconds += now - self._busy_since
             self._busy_since = now
