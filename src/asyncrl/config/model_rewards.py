@@ -83,8 +83,8 @@ class JudgeTermConfig(ModelTermBase):
     )
     api_key_var: str | None = Field(
         None,
-        description="Environment variable holding the endpoint's API key (null = no key; the "
-        "run's judge server: the run's key). A variable named here must be set.",
+        description="Environment variable holding the endpoint's API key (null, or unset = no "
+        "key; the run's judge server: the run's key, the inference server's variable).",
     )
     system_prompt: str | None = Field(None, description="A system message before the prompt.")
     prompt: str = Field(

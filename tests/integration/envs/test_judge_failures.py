@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from examples.judges.judge_data import JUDGE_PROMPT
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.model_rewards import JudgeTermConfig
 from asyncrl.envs import load_environment
 from asyncrl.envs.base import Example
@@ -169,3 +170,34 @@ def test_a_judge_that_answers_garbage_costs_rollouts_as_unparseable(server_url: 
         assert_cost_the_rollouts(results)
         assert metrics["orchestrator/model_reward/judge/failed/unparseable"] == 2
         assert metrics["orchestrator/model_reward/judge/retries"] == 0
+
+
+def test_a_judge_s_key_comes_from_its_variable_and_a_missing_one_stops_start_up(
+    tiny_judge_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "asyncrl.cli", "infer", "--model", str(tiny_judge_dir),
+        "--port", str(port), "--max_model_len", "256", "--api_key_var", "JUDGE_TEST_KEY",
+    ]  # fmt: skip
+    process = start(command, tmp_path / "judge.log", {"JUDGE_TEST_KEY": "a-secret-of-the-judge"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, process, timeout=600)
+        config = judge_config(url, api_key_var="JUDGE_TEST_KEY")
+        monkeypatch.delenv("JUDGE_TEST_KEY", raising=False)
+        with pytest.raises(ConfigError, match=r"answered 401 .*\$JUDGE_TEST_KEY is unset"):
+            asyncio.run(JudgeTerm(config).start())
+        monkeypatch.setenv("JUDGE_TEST_KEY", "a-secret-of-the-judge")
+        scoring = Scoring(config)
+
+        async def run() -> list[RewardResult]:
+            await scoring.pool.start()
+            try:
+                return await scoring.group()
+            finally:
+                await scoring.pool.close()
+
+        assert all(result.failed == [] for result in asyncio.run(run()))
+    finally:
+        stop(process)

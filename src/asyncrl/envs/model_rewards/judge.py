@@ -57,15 +57,11 @@ class JudgeTerm:
         self._logged: set[str] = set()
 
     def headers(self) -> dict[str, str]:
+        """The bearer key from `api_key_var`'s variable; none when it names none or is unset (an
+        endpoint that wants one then refuses the start-up probe, naming the variable)."""
         variable = self.config.api_key_var
-        if variable is None:
-            return {}
-        key = os.environ.get(variable)
-        if not key:
-            raise ConfigError(
-                f"judge `{self.name}`: api_key_var names ${variable}, which is unset or empty"
-            )
-        return {"Authorization": f"Bearer {key}"}
+        key = os.environ.get(variable) if variable else None
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def start(self) -> None:
         """Open the client and wait until the endpoint lists its models (a judge server started
@@ -75,7 +71,11 @@ class JudgeTerm:
         self.http = httpx.AsyncClient(
             headers=self.headers(), timeout=httpx.Timeout(self.config.timeout)
         )
-        listed = await self._models()
+        try:
+            listed = await self._models()
+        except BaseException:
+            await self.http.aclose()
+            raise
         if self.model is None:
             if not listed:
                 raise ConfigError(f"judge `{self.name}`: {self.url}/models lists no model")
@@ -98,9 +98,15 @@ class JudgeTerm:
                 raise ConfigError(f"judge `{self.name}`: {error}") from None
             await asyncio.sleep(0.5)
         if response.status_code >= 400:
+            variable = self.config.api_key_var
+            key = (
+                f"${variable} is {'set' if os.environ.get(variable) else 'unset'}"
+                if variable
+                else "no `api_key_var`"
+            )
             raise ConfigError(
                 f"judge `{self.name}`: {self.url}/models answered {response.status_code} "
-                f"({response.text[:200]}); check `base_url` and `api_key_var`"
+                f"({response.text[:200]}); check `base_url` and the key ({key})"
             )
         try:
             return [str(model["id"]) for model in response.json()["data"]]
