@@ -31,3 +31,15 @@ class EnvConfig(StrictModel):
         "`reward_model`, `judge` or `plugin` entries, each with its name and weight "
         "(docs/judges.md). Run by the orchestrator.",
     )
+
+
+def rubric_only(env: EnvConfig, command: str) -> EnvConfig:
+    """`env` unchanged, or the reason a command that scores in-process refuses its model terms
+    (the orchestrator runs them: `envs/model_rewards/`)."""
+    if env.model_rewards:
+        names = ", ".join(term.name for term in env.model_rewards)
+        raise ValueError(
+            f"`model_rewards` ({names}) are scored by the orchestrator (`asyncrl rl`, `asyncrl "
+            f"orch` and its online eval); {command}"
+        )
+    return env

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asyncrl.config.base import StrictModel
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, rubric_only
 
 
 class EnvServerConfig(StrictModel):
@@ -34,3 +34,10 @@ class EnvServerConfig(StrictModel):
     max_request_bytes: int = Field(
         4 * 2**20, ge=1024, description="Largest request body accepted (413 beyond)."
     )
+
+    @field_validator("env")
+    @classmethod
+    def _rubric_only(cls, env: EnvConfig) -> EnvConfig:
+        return rubric_only(
+            env, "put them on the orchestrator's `env` entry whose `address` is this server"
+        )

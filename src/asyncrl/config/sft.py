@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, rubric_only
 from asyncrl.config.training import TrainingConfig
 
 
@@ -46,3 +46,8 @@ class SFTConfig(TrainingConfig):
         256, ge=0, description="Held-out examples scored greedily at the end (0 = none)."
     )
     eval_max_tokens: int = Field(64, gt=0, description="Max new tokens when evaluating.")
+
+    @field_validator("env")
+    @classmethod
+    def _rubric_only(cls, env: EnvConfig) -> EnvConfig:
+        return rubric_only(env, "`asyncrl sft` evaluates with the environment's own rubric")

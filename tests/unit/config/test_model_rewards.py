@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl.cli import COMMANDS
 from asyncrl.config.base import ConfigError
 from asyncrl.config.loading import validate_config
 from asyncrl.config.orchestrator import OrchestratorConfig
@@ -92,3 +93,20 @@ def test_the_judge_server_may_not_take_the_inference_server_s_port() -> None:
 def test_the_ray_launcher_refuses_to_start_a_judge_and_says_what_to_do() -> None:
     with pytest.raises(ConfigError, match="start the judge server yourself"):
         validate_config(RLConfig, rl(judge={"model": "j"}, launcher="ray"))
+
+
+@pytest.mark.parametrize(
+    ("command", "config", "reason"),
+    [
+        ("eval", {"model": "m"}, "`asyncrl eval` scores with the environment's own rubric"),
+        ("sft", {"model": "m"}, "`asyncrl sft` evaluates with the environment's own rubric"),
+        ("env-server", {}, "whose `address` is this server"),
+    ],
+)
+def test_commands_that_score_in_their_own_process_refuse_model_terms(
+    command: str, config: dict[str, object], reason: str
+) -> None:
+    env = {"id": "reverse-text", "model_rewards": [{"type": "reward_model", "model": "rm"}]}
+    with pytest.raises(ConfigError, match="are scored by the orchestrator") as error:
+        validate_config(COMMANDS[command].config, {**config, "env": env})
+    assert reason in str(error.value) and "`env`" in str(error.value)

@@ -169,7 +169,7 @@ class JudgeTerm:
             message = f"no answer in {self.config.timeout} s"
             raise Attempt("timeout", message, retry=True) from None
         except httpx.TransportError as error:
-            message = f"cannot reach {self.url} ({error or type(error).__name__})"
+            message = f"cannot reach {self.url} ({str(error) or type(error).__name__})"
             raise Attempt("unavailable", message, retry=True) from None
         finally:
             self.stats.request_ended(started)
