@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asyncrl.config.base import StrictModel
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, rubric_only
 
 
 class EnvServerConfig(StrictModel):
@@ -56,3 +56,10 @@ class EnvServerConfig(StrictModel):
         description="Seconds an /examples request may take (504 beyond). Examples are made off "
         "the event loop, one request at a time.",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _rubric_only(cls, env: EnvConfig) -> EnvConfig:
+        return rubric_only(
+            env, "put them on the orchestrator's `env` entry whose `address` is this server"
+        )

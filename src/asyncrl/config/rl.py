@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.config.model_rewards import fill_in_run_judge
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.ray import RayConfig
 from asyncrl.config.report import ReportConfig
@@ -161,7 +162,31 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
     _checkpoints_for_restarts(data)
     _connect_roles(data)
     _colocate(data)
+    _point_judges_at_the_run_s_judge(data)
     return data
+
+
+def _point_judges_at_the_run_s_judge(data: dict[str, Any]) -> None:
+    """With a `judge` section, the run starts a judge server: on loopback, on the port after
+    the inference server's unless set, behind the run's API key (the inference server's
+    variable), loading no weights; judge terms without a `base_url` are pointed at it."""
+    judge, inference = data.get("judge"), data["inference"]
+    if not isinstance(judge, dict) or not isinstance(inference, dict):
+        return
+    judge = data["judge"] = dict(judge)
+    port = _as_int(inference.get("port", 8000))
+    if isinstance(port, int) and "port" not in judge:
+        judge["port"] = port + 1
+    judge.setdefault("api_key_var", inference.get("api_key_var", "VLLM_API_KEY"))
+    judge.setdefault("weight_roots", [])
+    host = judge.get("host", "127.0.0.1")
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    model = judge.get("served_model_name") or judge.get("model")
+    if isinstance(data["orchestrator"], dict) and model is not None:
+        url = f"http://{host}:{judge.get('port', 8000)}/v1"
+        data["orchestrator"] = fill_in_run_judge(
+            data["orchestrator"], url, str(model), str(judge["api_key_var"])
+        )
 
 
 def _checkpoints_for_restarts(data: dict[str, Any]) -> None:
@@ -316,6 +341,12 @@ class RLConfig(StrictModel):
         "`[wandb, tensorboard]` or a section (null = metrics.jsonl only).",
     )
     inference: InferenceConfig = Field(description="Inference server.")
+    judge: InferenceConfig | None = Field(
+        None,
+        description="A judge server the run starts beside the others (`asyncrl infer` with its "
+        "own log and restarts; null = none): judge terms in `env[].model_rewards` without a "
+        "`base_url` use it (docs/judges.md). Launcher `local` only.",
+    )
     orchestrator: OrchestratorConfig = Field(description="Orchestrator.")
     trainer: TrainerConfig = Field(description="Trainer.")
 
@@ -355,6 +386,22 @@ class RLConfig(StrictModel):
             raise ValueError(
                 "`deployment: colocated` runs on one machine with `launcher: local` (colocated "
                 "roles on Ray are not built)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _judge_has_a_place(self) -> RLConfig:
+        if self.judge is None:
+            return self
+        if self.launcher != "local":
+            raise ValueError(
+                "`judge` (a judge server started by the run) is built for `launcher: local`; on "
+                "Ray, start the judge server yourself and give the judge terms its `base_url`"
+            )
+        if self.judge.port == self.inference.port:
+            raise ValueError(
+                f"`judge.port` ({self.judge.port}) is the inference server's (`inference.port`); "
+                "give the judge a port of its own"
             )
         return self
 

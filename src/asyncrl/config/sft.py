@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.env import EnvConfig
+from asyncrl.config.env import EnvConfig, rubric_only
 from asyncrl.config.training import QLORA_KEYS, TrainingConfig
 
 
@@ -57,3 +57,8 @@ class SFTConfig(TrainingConfig):
                 "a quantized base would quantize the update away"
             )
         return self
+
+    @field_validator("env")
+    @classmethod
+    def _rubric_only(cls, env: EnvConfig) -> EnvConfig:
+        return rubric_only(env, "`asyncrl sft` evaluates with the environment's own rubric")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from asyncrl.config.rl import RLConfig, machine_deployment
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
+from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
 from asyncrl.launch.serving_precision import serve_in_training_precision
@@ -118,6 +119,7 @@ def run_rl(config: RLConfig) -> None:
     config = serve_in_training_precision(prepare_resume(config))
     logger.info("rl: deployment %s (%s)", config.deployment, deployment_reason(config))
     specs = role_specs(config, write_role_configs(config, output / "configs"), logs)
+    judge = judge_spec(config, output / "configs", logs)  # a fourth role, with `judge:`
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"
@@ -129,12 +131,17 @@ def run_rl(config: RLConfig) -> None:
         # a colocated trainer serves only once it has found the orchestrator's run directory and
         # resumed, so the orchestrator starts with it and waits for the server (startup_timeout)
         first = ("train", "orch") if colocated else ("infer",)
+        if judge is not None:
+            roles[judge.name] = SupervisedRole(judge, config.restart)
         for role in first:
             roles[role] = SupervisedRole(specs[role], config.restart)
         host = config.inference.host
         url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{config.inference.port}"
         wait_healthy(url, roles[server_role].process, timeout=600)
         logger.info("rl: inference ready at %s%s", url, " (in the trainer)" if colocated else "")
+        if judge is not None:
+            wait_healthy(judge_url(config), roles[judge.name].process, timeout=600)
+            logger.info("rl: judge ready at %s", judge_url(config))
         for role in ("train", "orch"):
             if role not in roles:
                 roles[role] = SupervisedRole(specs[role], config.restart)

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from transformers import (
     AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
     GenerationConfig,
     LlamaConfig,
     PretrainedConfig,
@@ -95,10 +96,14 @@ def init_model(config: InitModelConfig) -> Path:
         embedding_rows(len(tokenizer)),
     )
     torch.manual_seed(config.seed)
-    model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
-    )
+    if config.head == "sequence-classification":  # a reward model: one score per text
+        hf_config.num_labels = 1
+        model = AutoModelForSequenceClassification.from_config(hf_config, dtype=torch.float32)
+    else:
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        model.generation_config = GenerationConfig(
+            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+        )
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)

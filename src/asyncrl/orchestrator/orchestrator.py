@@ -32,6 +32,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
 from asyncrl.envs import Environment
+from asyncrl.envs.model_rewards.pool import model_reward_metrics, with_model_rewards
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
 from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
@@ -128,19 +129,22 @@ class Orchestrator:
         self.broadcast_watch = ArrivalWatch()  # wakes `sync_weights` when weights are out
 
     def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
-        """Worker processes running the environment's code here, or its env-server's."""
+        """Worker processes running the environment's code here, or its env-server's, with the
+        model terms of `env.model_rewards` beside them (`envs/model_rewards/pool.py`)."""
         config = self.config
         if isinstance(loaded, RemoteEnvironment):
-            return RemotePool(loaded, config.reward_timeout)
-        return RewardPool(
-            env.id,
-            env.args,
-            loaded.rubric,
-            num_workers=config.reward_workers,
-            timeout=config.reward_timeout,
-            memory_limit=config.reward_memory_limit,
-            cpu_limit=config.reward_cpu_limit,
-        )
+            pool: EnvironmentPool = RemotePool(loaded, config.reward_timeout)
+        else:
+            pool = RewardPool(
+                env.id,
+                env.args,
+                loaded.rubric,
+                num_workers=config.reward_workers,
+                timeout=config.reward_timeout,
+                memory_limit=config.reward_memory_limit,
+                cpu_limit=config.reward_cpu_limit,
+            )
+        return with_model_rewards(pool, env, f"env `{env.name or env.id}`")
 
     def eval_targets_of(self, eval_config: EvalConfig) -> list[EvalTarget]:
         """The held-out split of every training environment, then the eval-only ones."""
@@ -224,7 +228,8 @@ class Orchestrator:
                 self.metrics.log(
                     step,
                     batch_metrics(step, groups, drops, now - last_batch, temperature)
-                    | spans.take("orchestrator"),
+                    | spans.take("orchestrator")
+                    | model_reward_metrics(pools.values()),
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
