@@ -11,7 +11,7 @@ concentrates on letters, somewhere between steps 4 and 11. So the test compares 
 (steps 1–3, before the updates have moved the policy) with the resumed run (steps 11–20), which
 also shows that the resume kept what was learned. The learning rate is what makes it hold
 every time (2-core AMD EPYC, family 25 model 17): at 8e-3 the reward fell back to ~0.01 after
-its plateau in 4 of 11 runs (CI met it; with and without a resume, so the updates, not the
+its plateau in at least 4 of 17 runs (CI met it; with and without a resume, so the updates, not the
 resume), and 2e-2 collapsed to one repeated token by step 12; at 5e-3, five straight runs of
 20 steps gave z = 4.9 to 11.8 for this comparison and none fell back."""
 
