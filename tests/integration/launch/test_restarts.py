@@ -86,8 +86,12 @@ def test_a_sigkilled_role_is_restarted_and_no_step_is_lost_or_repeated(
         # `served`, made before the SIGSTOP, may have been loaded meanwhile)
         [left] = re.findall(r"leaves weights version (\d+), withdrawn", orchestrator_log)
         assert int(left) >= served > checkpoint
-    if role == "infer":  # the restarted server got the newest weights before any work
-        assert "answers again, at weights version 0" in orchestrator_log
+    if role == "infer":  # the restarted server was seen again and given the newest weights
+        # before any work (the audit checks every batch's staleness). It answers at version 0,
+        # or already at the broadcast a load in flight when it died retried into it once it was
+        # back (3 of 5 runs on an idle 2-core EPYC: "at weights version 4", step_4 loaded twice)
+        [version] = re.findall(r"answers again, at weights version (\d+)", orchestrator_log)
+        assert 0 <= int(version) <= STEPS
 
 
 @pytest.mark.parametrize("role", ["train", "infer"])
