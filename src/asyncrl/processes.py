@@ -8,6 +8,7 @@ SIGTERM if its parent dies, even by SIGKILL (PR_SET_PDEATHSIG).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -19,6 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from asyncrl.lifetime import die_with_parent
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
 
 
 def start(
@@ -97,3 +101,17 @@ def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> 
         if time.monotonic() > deadline:
             raise TimeoutError(f"inference server at {url} not healthy after {timeout:.0f} s")
         time.sleep(0.2)
+
+
+async def kill_session(process: asyncio.subprocess.Process, what: str, grace: float = 2.0) -> None:
+    """SIGKILL a worker started in a session of its own (its pid is the session's group) and
+    reap it; never wait on pipes a stray child still holds: after `grace` seconds, abandon it."""
+    if process.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+    if process.stdin is not None:
+        process.stdin.close()
+    try:
+        await asyncio.wait_for(process.wait(), grace)
+    except TimeoutError:
+        logger.warning("%s (process %d) left a pipe open; abandoning it", what, process.pid)

@@ -29,6 +29,7 @@ from asyncrl.envs.multi_turn import Reply
 from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
+from asyncrl.processes import kill_session
 
 logger = get_logger(__name__)
 
@@ -126,16 +127,7 @@ class RewardPool:
     @staticmethod
     async def _kill(worker: _Worker) -> None:
         """Kill the worker's whole process group; never wait on pipes a stray child holds."""
-        process = worker.process
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # its session id is its pid
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), KILL_GRACE)
-        except TimeoutError:
-            logger.warning(f"reward worker {process.pid} left a pipe open; abandoning it")
+        await kill_session(worker.process, "reward worker", KILL_GRACE)
 
     async def _ask(self, worker: _Worker, task: bytes) -> dict[str, Any]:
         process = worker.process

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import sys
 from typing import Any
 
@@ -26,6 +25,7 @@ from asyncrl.config.model_rewards import PluginTermConfig, RewardModelTermConfig
 from asyncrl.envs.model_rewards.items import ScoreItem
 from asyncrl.envs.model_rewards.stats import Judged, TermStats
 from asyncrl.log import get_logger
+from asyncrl.processes import kill_session
 
 logger = get_logger(__name__)
 
@@ -178,14 +178,5 @@ class ScorerProcess:
     async def _kill(self) -> None:
         """Kill the scorer's whole process group; never wait on pipes a stray child holds."""
         process, self.process = self.process, None
-        if process is None:
-            return
-        if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # its session id is its pid
-        if process.stdin is not None:
-            process.stdin.close()
-        try:
-            await asyncio.wait_for(process.wait(), KILL_GRACE)
-        except TimeoutError:
-            logger.warning("%s: process %d left a pipe open; abandoning it", self.what, process.pid)
+        if process is not None:
+            await kill_session(process, self.what, KILL_GRACE)
