@@ -67,7 +67,12 @@ def _train(config: Any) -> None:
 
     if config.world_size > 1 and not started_by_a_launcher():
         exec_ranks(config)  # does not return: torchrun runs the ranks
-    run_trainer(config)
+    if config.colocated_inference is None:
+        run_trainer(config)
+        return
+    from asyncrl.colocation.engine_host import ColocatedInference  # the engine it hosts
+
+    run_trainer(config, host_engine=ColocatedInference)
 
 
 def _rl(config: Any) -> None:

@@ -39,10 +39,10 @@ from asyncrl.envs.base import Example, Messages
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.registry import load_environment
 from asyncrl.envs.reward_pool import EnvironmentFailed, RewardPool
-from asyncrl.inference.api_key import ApiKeyGuard
-from asyncrl.inference.body_limit import BodySizeLimit
 from asyncrl.log import get_logger
 from asyncrl.run_secret import is_loopback
+from asyncrl.web.api_key import ApiKeyGuard
+from asyncrl.web.body_limit import BodySizeLimit
 
 logger = get_logger(__name__)
 

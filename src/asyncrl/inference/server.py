@@ -23,8 +23,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.api_errors import APIError, error_response
-from asyncrl.inference.api_key import ApiKeyGuard
-from asyncrl.inference.body_limit import BodySizeLimit
 from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
 from asyncrl.inference.engine import Engine
@@ -33,6 +31,8 @@ from asyncrl.inference.served_model import ServedModel
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.log import get_logger
 from asyncrl.precision import default_device
+from asyncrl.web.api_key import ApiKeyGuard
+from asyncrl.web.body_limit import BodySizeLimit
 
 logger = get_logger(__name__)
 

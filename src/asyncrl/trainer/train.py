@@ -26,7 +26,7 @@ from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
 from asyncrl.trainer.checkpoint import save_trainer_checkpoint
-from asyncrl.trainer.colocated import ColocatedInference
+from asyncrl.trainer.colocated_engine import ColocatedEngine, HostEngine
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
@@ -58,15 +58,28 @@ from asyncrl.waiting import Wait
 logger = get_logger(__name__)
 
 
-def run_trainer(config: TrainerConfig, batch_timeout: float | None = None) -> None:
+def run_trainer(
+    config: TrainerConfig,
+    batch_timeout: float | None = None,
+    host_engine: HostEngine | None = None,
+) -> None:
+    """`host_engine` starts the engine a colocated trainer serves (`trainer.colocated_inference`
+    set); `asyncrl train` passes `asyncrl.colocation.engine_host.ColocatedInference`."""
+    if config.colocated_inference is not None and host_engine is None:
+        raise ValueError("trainer.colocated_inference is set but no engine host was given")
     ranks = init_ranks(config.world_size, config.distributed_timeout)
     try:
-        train_loop(config, ranks, batch_timeout)
+        train_loop(config, ranks, batch_timeout, host_engine)
     finally:
         close_ranks(ranks)
 
 
-def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None) -> None:
+def train_loop(
+    config: TrainerConfig,
+    ranks: Ranks,
+    batch_timeout: float | None,
+    host_engine: HostEngine | None = None,
+) -> None:
     """The loop every rank runs; rank 0 alone receives batches, writes metrics and publishes."""
     torch.manual_seed(config.seed)
     run_dir = find_run_dir(config.output_dir)
@@ -91,9 +104,9 @@ def train_loop(config: TrainerConfig, ranks: Ranks, batch_timeout: float | None)
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     republish_on_resume(config, run_dir, step - 1, model, sender, ranks)
-    colocated = None
-    if config.colocated_inference is not None:  # it sleeps while a step trains
-        colocated = ColocatedInference(config.colocated_inference, model, version=step - 1)
+    colocated: ColocatedEngine | None = None
+    if config.colocated_inference is not None and host_engine is not None:  # sleeps for steps
+        colocated = host_engine(config.colocated_inference, model, step - 1)
         if config.max_async_level > 0:
             logger.warning(
                 "colocated: max_async_level %d lets rollouts span a weight update, but the engine "

@@ -13,10 +13,10 @@ import httpx
 import pytest
 import torch
 
+from asyncrl.colocation.engine_host import ColocatedInference
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.launch.inference_process import free_port
-from asyncrl.trainer.colocated import ColocatedInference
 from asyncrl.trainer.model import load_model
 from asyncrl.transport.fingerprint import weights_fingerprint
 

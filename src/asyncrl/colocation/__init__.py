@@ -1,0 +1,5 @@
+"""`deployment: colocated` glue: an inference engine hosted inside the trainer's process.
+
+It sits above the roles — it imports the inference server and the trainer's view of its own
+weights — so that neither role imports the other: the trainer sees only the `ColocatedEngine`
+protocol (`trainer/colocated_engine.py`), and `asyncrl train` hands it this host."""

@@ -1,0 +1,36 @@
+"""What the trainer loop needs from an inference engine that shares its device
+(`deployment: colocated`): generate while the trainer waits for a batch, sleep for the step,
+wake holding the step's weights.
+
+The engine itself is built outside the trainer (`asyncrl.colocation.engine_host`) and handed
+in, so the trainer never imports the inference role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from asyncrl.config.inference import InferenceConfig
+
+
+class ColocatedEngine(Protocol):
+    def busy_seconds(self) -> float:
+        """Seconds the engine has spent generating since it started."""
+        ...
+
+    def sleep(self) -> dict[str, float]:
+        """Before a step: stop generating and give the device back; returns metrics."""
+        ...
+
+    def wake(self, step: int, model: torch.nn.Module) -> dict[str, float]:
+        """After step `step`: take weights version `step` from `model` and resume; metrics."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# (serving config, the policy, the weights version it holds) -> a started engine
+HostEngine = Callable[[InferenceConfig, torch.nn.Module, int], ColocatedEngine]
