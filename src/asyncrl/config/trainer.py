@@ -20,7 +20,7 @@ GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 
 
 class LossConfig(StrictModel):
-    """The GRPO loss family; the formulas are in the README's loss section."""
+    """The GRPO loss family; the formulas are in `trainer/loss.py` and docs/training.md."""
 
     type: Literal["masked_is", "grpo_clip", "dr_grpo", "dapo", "gspo", "cispo"] = Field(
         "masked_is", description="Loss: masked importance sampling (default) or a clipped variant."

@@ -111,7 +111,7 @@ def train_loop(
             logger.warning(
                 "colocated: max_async_level %d lets rollouts span a weight update, but the engine "
                 "sleeps while a step trains, so nothing overlaps: it only adds off-policy tokens "
-                "(0 was faster on this CPU, see the README)", config.max_async_level,
+                "(0 was faster on a CPU, see benchmarks/RESULTS.md)", config.max_async_level,
             )  # fmt: skip
     spans, steps_since_log = StepSpans(), 0
     with contextlib.ExitStack() as cleanup:

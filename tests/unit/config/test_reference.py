@@ -1,0 +1,33 @@
+"""The checked-in configuration reference is the one the code renders now: a field added,
+renamed or re-described without regenerating the page fails here, with the command to fix it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from asyncrl.cli import COMMANDS
+from asyncrl.config.reference import render_command, render_reference
+
+PAGE = Path(__file__).resolve().parents[3] / "docs" / "config-reference.md"
+
+
+def test_checked_in_reference_is_up_to_date() -> None:
+    rendered = render_reference((name, c.summary, c.config) for name, c in COMMANDS.items())
+    assert PAGE.read_text() == rendered, (
+        "docs/config-reference.md is stale: run "
+        "`python -m asyncrl.config.reference > docs/config-reference.md`"
+    )
+
+
+def test_reference_rows_carry_key_type_default_and_description() -> None:
+    class Inner(BaseModel):
+        rate: float = Field(0.5, description="How | often.")
+
+    class Outer(BaseModel):
+        inner: Inner = Field(default_factory=Inner, description="A section.")
+
+    rows = render_command("demo", "A demo.", Outer)
+    assert "| **`inner`** | section | | A section. |" in rows
+    assert "| `inner.rate` | `float` | `0.5` | How \\| often. |" in rows  # pipes escaped

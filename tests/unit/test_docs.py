@@ -1,0 +1,39 @@
+"""The user-facing docs stay readable and self-contained: the README short enough to read in
+one sitting, every link in the README and `docs/` resolving to a file of this repository (no
+`../` outside it, no page that moved away), and no measurement of the day in the README."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_readme_is_at_most_250_lines() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_every_link_stays_in_the_repository_and_resolves() -> None:
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text()):
+            if target.startswith("#"):
+                continue  # a heading on the same page
+            path = (page.parent / target.split("#")[0]).resolve()
+            if target.startswith(("http:", "https:")) or not path.is_relative_to(ROOT):
+                broken.append(f"{page.name}: {target} leaves the repository")
+            elif not path.exists():
+                broken.append(f"{page.name}: {target} does not exist")
+    assert not broken, "\n".join(broken)
+
+
+def test_no_page_points_outside_the_repository_in_prose() -> None:
+    outside = [
+        f"{page.name}: {match}"
+        for page in PAGES
+        for match in re.findall(r"\.\./shared\S*|seeds/\S+\.md", page.read_text())
+    ]
+    assert not outside, "\n".join(outside)
