@@ -9,7 +9,8 @@ from pydantic import Field, model_validator
 
 from asyncrl.config.base import StrictModel, planned
 from asyncrl.config.env import EnvConfig
-from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
+from asyncrl.config.seed_names import apply_seed_names
+from asyncrl.config.transport import RolloutTransportConfig
 
 
 class ModelConfig(StrictModel):
@@ -282,9 +283,6 @@ class OrchestratorConfig(StrictModel):
     rollout_transport: RolloutTransportConfig = Field(
         default_factory=RolloutTransportConfig, description="How batches reach the trainer."
     )
-    weight_broadcast: WeightBroadcastConfig = Field(
-        default_factory=WeightBroadcastConfig, description="How new weights reach inference."
-    )
     load_trainer_base: bool = Field(
         False,
         description="Wait for the base the trainer publishes at start (`<run_dir>/served_base/`, "
@@ -292,6 +290,11 @@ class OrchestratorConfig(StrictModel):
         "it into every server before any rollout, and again into a server that restarts, so "
         "adapters apply to the base the trainer trains on. Set by `asyncrl rl`.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _seed_names(cls, data: Any) -> Any:
+        return apply_seed_names("orchestrator", data)
 
     @model_validator(mode="after")
     def _runnable(self) -> OrchestratorConfig:

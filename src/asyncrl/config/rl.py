@@ -25,6 +25,7 @@ from asyncrl.config.restart import (
     TRAINER_CHECKPOINT_INTERVAL,
     RestartConfig,
 )
+from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.config.training import QLORA_KEYS
 
@@ -128,6 +129,7 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
     data = {key: dict(value) if isinstance(value, dict) else value for key, value in data.items()}
     for role in ("inference", "orchestrator", "trainer"):
         data.setdefault(role, {})
+        data[role] = apply_seed_names(role, data[role])  # the wiring below reads asyncrl's names
     if data.get("deployment", "auto") == "auto":
         data["deployment"] = machine_deployment(str(data.get("launcher", "local")))[0]
     async_level_set = data.get("max_async_level") is not None or any(

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from asyncrl.config.base import planned
 from asyncrl.config.env import EnvConfig, rubric_only
 from asyncrl.config.training import QLORA_KEYS, TrainingConfig
 
@@ -17,6 +18,7 @@ class SFTConfig(TrainingConfig):
     fine-tuning, plain AdamW and a cosine schedule.
     """
 
+    gpus: int = planned(1, "Number of GPUs.", feature="multi-GPU SFT", ge=1)
     env: EnvConfig = Field(
         default_factory=lambda: EnvConfig(id="reverse-text"),
         description="Environment whose training split gives (prompt, answer) pairs.",

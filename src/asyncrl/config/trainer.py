@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
 from asyncrl.config.base import StrictModel, planned
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
 from asyncrl.log import get_logger
@@ -107,15 +108,12 @@ class LossConfig(StrictModel):
 class TrainerConfig(TrainingConfig):
     """Receives batches, computes the GRPO loss, steps the optimizer, broadcasts weights."""
 
-    gpus: int = Field(
-        1, ge=1, description="Trainer ranks, the seeds' name for `world_size` (they must agree)."
-    )
     world_size: int = Field(
         1,
         ge=1,
         description=(
             "Trainer ranks: processes started by `asyncrl train` itself (one per GPU; on a "
-            "machine without GPUs, CPU processes over gloo). Defaults to `gpus`."
+            "machine without GPUs, CPU processes over gloo). The seeds call it `gpus`."
         ),
     )
     zero_level: int = Field(
@@ -142,9 +140,6 @@ class TrainerConfig(TrainingConfig):
             "step. Several updates per batch: `num_iterations`."
         ),
     )
-    datasets: list[Any] = Field(
-        default_factory=list, description="Unused by GRPO: data comes from the orchestrator."
-    )
     loss: LossConfig = Field(default_factory=LossConfig, description="GRPO loss.")
     num_iterations: int = Field(1, ge=1, description="Optimizer updates per batch.")
     shared_prefix: bool = Field(
@@ -166,9 +161,6 @@ class TrainerConfig(TrainingConfig):
     ref_model_sync_steps: int = Field(512, gt=0, description="Steps between reference model syncs.")
     ref_model_mixup_alpha: float = Field(
         0.6, ge=0, le=1, description="Weight of the policy when syncing the reference model."
-    )
-    transport_type: Literal["filesystem", "zmq"] | None = Field(
-        None, description="How batches arrive (the seeds' name for `rollout_transport.type`)."
     )
     rollout_transport: RolloutTransportConfig = Field(
         default_factory=RolloutTransportConfig,
@@ -206,29 +198,8 @@ class TrainerConfig(TrainingConfig):
 
     @model_validator(mode="before")
     @classmethod
-    def _world_size_alias(cls, data: Any) -> Any:
-        """`gpus` and `world_size` are one setting under two names: always equal."""
-        if not isinstance(data, dict) or ("gpus" not in data and "world_size" not in data):
-            return data
-        ranks = data.get("world_size", data.get("gpus"))
-        if data.get("gpus", ranks) != ranks:
-            raise ValueError(
-                f"`gpus` ({data['gpus']}) and `world_size` ({ranks}) disagree; set one of them"
-            )
-        return {**data, "gpus": ranks, "world_size": ranks}
-
-    @model_validator(mode="after")
-    def _transport_alias(self) -> TrainerConfig:
-        if self.transport_type is None:
-            return self
-        explicit = "type" in self.rollout_transport.model_fields_set
-        if explicit and self.rollout_transport.type != self.transport_type:
-            raise ValueError(
-                f"`transport_type` ({self.transport_type}) disagrees with "
-                f"`rollout_transport.type` ({self.rollout_transport.type})"
-            )
-        self.rollout_transport.type = self.transport_type
-        return self
+    def _seed_names(cls, data: Any) -> Any:
+        return apply_seed_names("trainer", data)
 
     @model_validator(mode="after")
     def _lora_fits(self) -> TrainerConfig:
@@ -301,10 +272,3 @@ class TrainerConfig(TrainingConfig):
                 "`filesystem` (used only for the exports at checkpoint steps)"
             )
         return self
-
-    @field_validator("datasets")
-    @classmethod
-    def _no_datasets(cls, datasets: list[Any]) -> list[Any]:
-        if datasets:
-            raise ValueError("GRPO data comes from the orchestrator; leave `datasets` empty")
-        return datasets

@@ -16,7 +16,6 @@ DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 class TrainingConfig(StrictModel):
     model: str = Field(description="Hugging Face model id or local path.")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
-    gpus: int = planned(1, "Number of GPUs.", feature="multi-GPU training", ge=1)
     zero_level: int = planned(
         1, "ZeRO level (1 = shard optimizer state).", feature="multi-GPU training", ge=0, le=3
     )
@@ -44,7 +43,9 @@ class TrainingConfig(StrictModel):
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     optimizer: Literal["adamw", "adamw_8bit"] = Field(
-        "adamw_8bit", description="Optimizer (`adamw_8bit` needs bitsandbytes and a GPU)."
+        "adamw",
+        description="Optimizer: `adamw` (torch), or `adamw_8bit` (bitsandbytes' 8-bit AdamW; needs "
+        "bitsandbytes, refused with the reason where it is missing).",
     )
     recipe: Literal["auto", "fp32", "bf16", "fp8_hybrid", "nvfp4"] = Field(
         "auto",

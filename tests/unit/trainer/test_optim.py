@@ -61,4 +61,9 @@ def test_adamw_8bit_without_bitsandbytes_is_a_clear_error(
 ) -> None:
     monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import` fails as if not installed
     with pytest.raises(ConfigError, match="set `optimizer: adamw`"):
-        build_optimizer(torch.nn.Linear(2, 2), TrainerConfig(model="m"))  # default: adamw_8bit
+        build_optimizer(torch.nn.Linear(2, 2), TrainerConfig(model="m", optimizer="adamw_8bit"))
+
+
+def test_default_optimizer_is_torch_adamw_which_needs_nothing_extra() -> None:
+    optimizer = build_optimizer(torch.nn.Linear(2, 2), TrainerConfig(model="m"))
+    assert type(optimizer) is torch.optim.AdamW

@@ -1,0 +1,85 @@
+"""The seeds' key names (Surogate / prime-rl configs), accepted at load time: one table that
+says which asyncrl key each one sets, so a config written for those systems loads, while
+asyncrl's own models, `--help` and the reference list each setting once, under one name.
+
+A seed name and its asyncrl key given together must agree. A seed key that has nothing to set
+in asyncrl is accepted at its seed default (so the file loads) and refused otherwise, with the
+reason and the key to use instead — never silently dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+# section -> seed name -> the asyncrl key it sets (dotted within the section)
+SEED_NAMES: dict[str, dict[str, str]] = {
+    "trainer": {
+        "gpus": "world_size",
+        "transport_type": "rollout_transport.type",
+    },
+}
+
+# section -> seed key -> (the values it may hold, why it sets nothing here)
+SEED_KEYS_WITHOUT_EFFECT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
+    "trainer": {
+        "datasets": (
+            ([], None),
+            "GRPO data comes from the orchestrator; leave `datasets` empty",
+        ),
+    },
+    "orchestrator": {
+        "weight_broadcast": (
+            ({}, None, {"type": "filesystem"}),
+            "the orchestrator only loads the weights the trainer publishes: how they travel is "
+            "`trainer.weight_broadcast` (and the servers' `weight_broadcast_type`, which "
+            "`asyncrl rl` sets from it)",
+        ),
+    },
+}
+
+
+def _get(data: dict[str, Any], dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(data, dict) or part not in data:
+            return None
+        data = data[part]
+    return data
+
+
+def _set(data: dict[str, Any], dotted: str, value: Any) -> dict[str, Any]:
+    """A copy of `data` with `dotted` set (sections copied on the way, never mutated)."""
+    head, _, rest = dotted.partition(".")
+    if not rest:
+        return {**data, head: value}
+    inner = data.get(head)
+    inner = inner.model_dump(exclude_unset=True) if hasattr(inner, "model_dump") else inner
+    return {**data, head: _set(dict(inner or {}), rest, value)}
+
+
+def apply_seed_names(section: str, data: Any) -> Any:
+    """`data` (one section's raw keys) with every seed name moved to the key it sets."""
+    if not isinstance(data, dict):
+        return data
+    for seed, target in SEED_NAMES.get(section, {}).items():
+        if seed not in data:
+            continue
+        value, data = data[seed], {k: v for k, v in data.items() if k != seed}
+        existing = _get(data, target)
+        if existing is not None and existing != value:
+            raise ValueError(
+                f"`{seed}` ({value}) disagrees with `{target}` ({existing}): `{seed}` is the "
+                f"seeds' name for `{target}`; set one of them"
+            )
+        logger.debug("config: `%s` (the seeds' name) sets `%s`", seed, target)
+        data = _set(data, target, value)
+    for seed, (allowed, reason) in SEED_KEYS_WITHOUT_EFFECT.get(section, {}).items():
+        if seed not in data:
+            continue
+        if data[seed] not in allowed:
+            raise ValueError(f"`{seed}` has no effect in asyncrl: {reason}")
+        data = {k: v for k, v in data.items() if k != seed}
+    return data
