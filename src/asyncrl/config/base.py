@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 
 class ConfigError(ValueError):
@@ -15,6 +15,15 @@ class StrictModel(BaseModel):
     """Unknown keys are errors, and assignments are validated like loading is."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+def _minus_one_is_no_limit(value: Any) -> Any:
+    return None if value == -1 else value
+
+
+# A step count where null means "no limit". The seeds spell that -1 in some files; it is read
+# as null, so every role holds one spelling.
+StepLimit = Annotated[Annotated[int, Field(gt=0)] | None, BeforeValidator(_minus_one_is_no_limit)]
 
 
 def planned(default: Any, description: str, *, feature: str, **kwargs: Any) -> Any:

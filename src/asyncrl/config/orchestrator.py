@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StepLimit, StrictModel, planned
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.transport import RolloutTransportConfig
@@ -231,8 +231,8 @@ class OrchestratorConfig(StrictModel):
     batch_size: int = Field(128, gt=0, description="Rollouts per training step.")
     rollouts_per_example: int = Field(1, gt=0, description="Samples generated per prompt.")
     seq_len: int = Field(2048, gt=0, description="Maximum sequence length for packing.")
-    max_steps: int | None = Field(
-        None, gt=0, description="Total training steps (null = run indefinitely)."
+    max_steps: StepLimit = Field(
+        None, description="Total training steps (null or -1: run indefinitely)."
     )
     max_async_level: int = Field(
         1, ge=0, description="How many steps inference may lag behind the trainer."

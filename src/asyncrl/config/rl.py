@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import StrictModel
+from asyncrl.config.base import StepLimit, StrictModel
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.model_rewards import fill_in_run_judge
 from asyncrl.config.orchestrator import OrchestratorConfig
@@ -56,7 +56,7 @@ def _as_int(value: Any) -> Any:
 
 
 def _as_max_steps(value: Any) -> Any:
-    """The orchestrator says null and the trainer says -1 for "no limit": compare them as one."""
+    """null and the seeds' -1 both mean "no limit": compare them as one."""
     value = _as_int(value)
     return None if value in (None, -1) else value
 
@@ -85,13 +85,6 @@ def _set(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
         if not isinstance(node, dict):
             return  # a wrong type here is reported by pydantic with its path
     node[path[-1]] = value
-
-
-def _role_value(shared: str, path: tuple[str, ...], value: Any) -> Any:
-    """The shared value as the role spells it."""
-    if shared == "max_steps" and path[0] == "trainer" and value is None:
-        return -1
-    return value
 
 
 def choose_deployment(launcher: str, gpus: int, cores: int) -> tuple[str, str]:
@@ -158,7 +151,7 @@ def propagate_shared(data: dict[str, Any]) -> dict[str, Any]:
             continue
         data[shared] = known[1]
         for path in paths:
-            _set(data, path, _role_value(shared, path, known[1]))
+            _set(data, path, known[1])
     _propagate_output_dir(data)
     _check_model_len(data)
     _checkpoints_for_restarts(data)
@@ -306,7 +299,7 @@ class RLConfig(StrictModel):
 
     model: str | None = Field(None, description="Model for every role (copied down).")
     seq_len: int | None = Field(None, gt=0, description="Sequence length for every role.")
-    max_steps: int | None = Field(None, gt=0, description="Training steps (null = no limit).")
+    max_steps: StepLimit = Field(None, description="Training steps (null or -1: no limit).")
     max_async_level: int | None = Field(
         None,
         ge=0,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import planned
+from asyncrl.config.base import StepLimit, planned
 from asyncrl.config.env import EnvConfig, rubric_only
 from asyncrl.config.training import QLORA_KEYS, TrainingConfig
 
@@ -34,8 +34,8 @@ class SFTConfig(TrainingConfig):
     gradient_accumulation_steps: int = Field(
         1, gt=0, description="Micro-batches per optimizer step."
     )
-    max_steps: int = Field(
-        -1, ge=-1, description="Optimizer steps (-1 = one pass over the examples)."
+    max_steps: StepLimit = Field(
+        None, description="Optimizer steps (null or -1: one pass over the examples)."
     )
     learning_rate: float = Field(1e-3, gt=0, description="Peak learning rate.")
     lr_scheduler_type: Literal["constant", "linear", "cosine"] = Field(

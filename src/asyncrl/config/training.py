@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StepLimit, StrictModel, planned
 
 QLORA_KEYS = ("qlora_bnb", "qlora_fp8", "qlora_fp4")
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -29,7 +29,7 @@ class TrainingConfig(StrictModel):
     gradient_accumulation_steps: int = Field(
         4, gt=0, description="Micro-batches per optimizer step."
     )
-    max_steps: int = Field(-1, ge=-1, description="Training steps (-1 = no fixed limit).")
+    max_steps: StepLimit = Field(None, description="Training steps (null or -1: no limit).")
     learning_rate: float = Field(
         2e-4,
         ge=0,

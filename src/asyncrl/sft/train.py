@@ -55,7 +55,7 @@ def run_sft(config: SFTConfig) -> Path:
     ]
     rows = first_fit_decreasing([len(sample.input_ids) for sample in samples], config.sequence_len)
     rows_per_step = config.per_device_train_batch_size * config.gradient_accumulation_steps
-    total_steps = config.max_steps if config.max_steps > 0 else math.ceil(len(rows) / rows_per_step)
+    total_steps = config.max_steps or math.ceil(len(rows) / rows_per_step)
     logger.info(
         "sft: %d examples packed into %d rows of %d tokens (%.0f%% filled); %d steps",
         len(samples),

@@ -90,7 +90,7 @@ def train_loop(
     )
     model, reference = build_policy(config, ranks)
     optimizer = build_optimizer(model, config)
-    total_steps = config.max_steps * config.num_iterations if config.max_steps > 0 else -1
+    total_steps = config.max_steps * config.num_iterations if config.max_steps else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
     sender = open_sender(config) if ranks.is_main else None
     weights_out = WeightPublisher(
@@ -118,7 +118,7 @@ def train_loop(
         for part in (colocated, receiver, sender, weights_out):
             if part is not None:
                 cleanup.callback(part.close)
-        while config.max_steps < 0 or step <= config.max_steps:
+        while config.max_steps is None or step <= config.max_steps:
             generated_before = colocated.busy_seconds() if colocated is not None else 0.0
             waited = time.perf_counter()
             with spans.span("wait_batch"):

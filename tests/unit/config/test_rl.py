@@ -45,10 +45,11 @@ def test_repeating_the_shared_value_in_a_role_is_fine() -> None:
     assert config.trainer.max_steps == 5
 
 
-def test_no_step_limit_is_null_for_the_orchestrator_and_minus_one_for_the_trainer() -> None:
+def test_no_step_limit_is_null_in_every_role_and_the_seeds_minus_one_reads_as_null() -> None:
     config = rl("--model", "m", "--trainer.max_steps", "-1")
-    assert config.orchestrator.max_steps is None
-    assert config.trainer.max_steps == -1
+    assert config.max_steps is config.orchestrator.max_steps is config.trainer.max_steps is None
+    assert rl("--model", "m", "--max_steps", "-1").trainer.max_steps is None
+    assert rl("--model", "m").trainer.max_steps is None
 
 
 @pytest.mark.parametrize(
