@@ -30,6 +30,17 @@ Request = Callable[..., Awaitable[Any]]  # (method, url, json=None, retries=...)
 ChatTemplate = Callable[[list[dict[str, Any]]], list[int]]  # messages -> prompt token ids
 
 
+def chat_template(tokenizer: Any) -> ChatTemplate:
+    """Messages -> prompt token ids with the generation header, as the servers render them
+    (`tokenizer`: a transformers tokenizer with a chat template)."""
+
+    def render(messages: list[dict[str, Any]]) -> list[int]:
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+    return render
+
+
 class UnknownEngine(RuntimeError):
     """The server answered none of the ways the engines identify themselves."""
 

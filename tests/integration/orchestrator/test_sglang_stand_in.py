@@ -23,7 +23,7 @@ from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.launch.inference_process import inference_server
 from asyncrl.models.init_model import init_model
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.orchestrator.orchestrator import chat_template
+from asyncrl.orchestrator.engine_api import chat_template
 from asyncrl.orchestrator.rollout import Completion
 from asyncrl.transport.broadcast import Broadcast
 

@@ -15,8 +15,8 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardResult
 from asyncrl.orchestrator.episode import Episode, episode_advantages, episode_tokens
-from asyncrl.orchestrator.orchestrator import refuse_environments_without_step_rewards
 from asyncrl.orchestrator.rollout import Completion
+from asyncrl.orchestrator.startup_checks import refuse_environments_without_step_rewards
 
 
 def episode(*parts: int) -> Episode:
