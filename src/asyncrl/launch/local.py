@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from asyncrl.config.rl import RLConfig, machine_deployment
+from asyncrl.config.deployment import machine_deployment
+from asyncrl.config.rl import RLConfig
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.live_view import LiveView

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.config.rl import RLConfig, choose_deployment
+from asyncrl.config.deployment import choose_deployment
+from asyncrl.config.rl import RLConfig
 
 
 @pytest.mark.parametrize(
