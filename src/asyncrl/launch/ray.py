@@ -30,19 +30,12 @@ from asyncrl.config.ray import RayConfig
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.placement import plan_slots
-from asyncrl.launch.ray_auth import (
-    AUTH_MODE,
-    JoinedAuth,
-    authenticate_local_instance,
-)
+from asyncrl.launch.ray_auth import AUTH_MODE, JoinedAuth, authenticate_local_instance
 from asyncrl.launch.ray_placement import reserve
 from asyncrl.launch.ray_run import CALL_TIMEOUT, RayRun, unit_of
 from asyncrl.launch.ray_wiring import start_roles
 from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for
-from asyncrl.launch.supervisor import (
-    RESUME_ARGUMENTS,
-    how_it_ended,
-)
+from asyncrl.launch.supervisor import RESUME_ARGUMENTS, how_it_ended
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
