@@ -68,17 +68,6 @@ def check_plain(value: Any, where: str) -> None:
     raise ValueError(f"checkpoint value {where} is a {type(value).__name__}: not savable as JSON")
 
 
-def merge(tensors: dict[str, Any], plain: dict[str, Any]) -> dict[str, Any]:
-    """`split_tensors` undone: one nested dict holding both parts."""
-    merged = dict(tensors)
-    for key, value in plain.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
-
-
 def _encode(value: Any) -> Any:
     if isinstance(value, tuple):
         return {TUPLE: [_encode(item) for item in value]}

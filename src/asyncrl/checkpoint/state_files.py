@@ -20,12 +20,12 @@ from asyncrl.checkpoint.plain_values import (
     CheckpointRefused,
     dumps,
     loads,
-    merge,
     rng_from_text,
     rng_to_text,
     split_tensors,
 )
 from asyncrl.checkpoint.tensor_storage import TensorReader, TensorWriter
+from asyncrl.config.loading import deep_merge
 from asyncrl.fs import atomic_write_bytes
 
 SHARDS = "shards"
@@ -87,7 +87,7 @@ def read_state(directory: Path, state: dict[str, Any], distributed: bool) -> dic
         plain = loads(plain_path.read_bytes(), str(plain_path))
     except FileNotFoundError:
         raise CheckpointRefused(f"{plain_path} is missing: not a complete checkpoint") from None
-    return merge(tensors, plain)
+    return deep_merge(tensors, plain)  # `split_tensors` undone: one nested dict again
 
 
 def write_rank_state(
