@@ -28,12 +28,9 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
-import msgspec
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -45,7 +42,6 @@ from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.trainer.logprobs import register_fsdp_logprobs
 from asyncrl.trainer.rank_store import rank_store
-from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
 
@@ -155,53 +151,6 @@ def split_by_tokens(lengths: list[int], world_size: int) -> list[list[int]]:
         shares[lightest].append(index)
         loads[lightest] += lengths[index]
     return [sorted(share) for share in shares]
-
-
-HEARTBEAT = 30.0  # seconds rank 0 waits for a batch before telling the others it still waits
-_BATCH, _END, _WAITING = 0, 1, 2
-
-
-def receive_everywhere(
-    receive: Callable[[float | None], TrainingBatch | None],
-    timeout: float | None,
-    ranks: Ranks,
-    heartbeat: float = HEARTBEAT,
-) -> TrainingBatch | None:
-    """Rank 0's next batch (None at the end of the run) on every rank.
-
-    `receive(timeout)` runs on rank 0 only, in slices of `heartbeat` seconds; after each empty
-    slice rank 0 tells the others it is still waiting. So the other ranks' wait never runs into
-    the collective timeout however slow the orchestrator is, while a dead rank still does.
-    The batch travels as its msgpack bytes in a uint8 tensor: typed decoding, nothing unpickled.
-    """
-    if not ranks.distributed:
-        return receive(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        state, payload = _WAITING, b""
-        if ranks.is_main:
-            left = None if deadline is None else deadline - time.monotonic()
-            try:
-                batch = receive(heartbeat if left is None else max(0.0, min(heartbeat, left)))
-            except TimeoutError:
-                if left is not None and left <= heartbeat:
-                    raise
-            else:
-                state = _END if batch is None else _BATCH
-                payload = msgspec.msgpack.encode(batch) if batch is not None else b""
-        header = torch.tensor([state, len(payload)], dtype=torch.int64, device=ranks.device)
-        dist.broadcast(header, src=0)
-        state, size = (int(value) for value in header)
-        if state == _WAITING:
-            continue
-        if state == _END:
-            return None
-        if ranks.is_main:
-            data = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(ranks.device)
-        else:
-            data = torch.empty(size, dtype=torch.uint8, device=ranks.device)
-        dist.broadcast(data, src=0)
-        return msgspec.msgpack.decode(data.cpu().numpy().tobytes(), type=TrainingBatch)
 
 
 def full_state_dict(model: torch.nn.Module, ranks: Ranks) -> dict[str, torch.Tensor] | None:

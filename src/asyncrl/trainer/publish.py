@@ -5,8 +5,6 @@ directory they load. With several ranks every rank helps gather the weights; ran
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -19,11 +17,8 @@ from asyncrl.transport.broadcast import publish_marker, publish_weights
 from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.served_base import write_served_base
-from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
-
-ADMIT_EVERY = 1.0  # seconds between looks for a restarted server while a batch is awaited
 
 
 def open_sender(config: TrainerConfig) -> WeightSender | None:
@@ -150,24 +145,3 @@ def publish_served_base(
     base = write_served_base(run_dir, tensors, source=config.model)
     logger.info("trainer: the dequantized base is served from %s (fingerprint %s)",
                 base.path, base.fingerprint)  # fmt: skip
-
-
-def receive_admitting(
-    receive: Callable[[float | None], TrainingBatch | None],
-    sender: WeightSender | None,
-    timeout: float | None,
-) -> TrainingBatch | None:
-    """`receive(timeout)`; with an NCCL sender, in slices between which a restarted server is
-    let back into the weight group with the current weights: the batch awaited may be one only
-    that server can generate."""
-    if sender is None:
-        return receive(timeout)
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        sender.admit_restarted_servers()
-        left = None if deadline is None else deadline - time.monotonic()
-        try:
-            return receive(ADMIT_EVERY if left is None else max(0.0, min(ADMIT_EVERY, left)))
-        except TimeoutError:
-            if left is not None and left <= ADMIT_EVERY:
-                raise

@@ -25,6 +25,7 @@ from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
+from asyncrl.trainer.batch_source import BatchSource
 from asyncrl.trainer.checkpoint import save_trainer_checkpoint
 from asyncrl.trainer.colocated_engine import ColocatedEngine, HostEngine
 from asyncrl.trainer.logprobs import completion_logprobs
@@ -39,13 +40,12 @@ from asyncrl.trainer.parallel import (
     close_ranks,
     init_ranks,
     plain_float,
-    receive_everywhere,
     reduce_max,
     reduce_sums,
     shard_model,
     split_by_tokens,
 )
-from asyncrl.trainer.publish import WeightPublisher, open_sender, receive_admitting
+from asyncrl.trainer.publish import WeightPublisher, open_sender
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
@@ -102,6 +102,7 @@ def train_loop(
     )  # fmt: skip
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
+    batches = BatchSource(receiver, sender, ranks, batch_timeout)
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     republish_on_resume(config, run_dir, step - 1, model, sender, ranks)
     colocated: ColocatedEngine | None = None
@@ -122,13 +123,7 @@ def train_loop(
             generated_before = colocated.busy_seconds() if colocated is not None else 0.0
             waited = time.perf_counter()
             with spans.span("wait_batch"):
-                batch = receive_everywhere(
-                    lambda timeout, step=step: receive_admitting(  # on rank 0
-                        lambda left: receiver.receive(step, timeout=left), sender, timeout
-                    ),
-                    batch_timeout,
-                    ranks,
-                )
+                batch = batches.next(step)
             wait_time = time.perf_counter() - waited
             if batch is None:
                 logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
