@@ -8,12 +8,19 @@ in, so the trainer never imports the inference role.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.log import get_logger
+from asyncrl.transport.run_end import run_finished
+from asyncrl.waiting import Wait
+
+logger = get_logger(__name__)
 
 
 class ColocatedEngine(Protocol):
@@ -34,3 +41,13 @@ class ColocatedEngine(Protocol):
 
 # (serving config, the policy, the weights version it holds) -> a started engine
 HostEngine = Callable[[InferenceConfig, torch.nn.Module, int], ColocatedEngine]
+
+
+def serve_until_finished(run_dir: Path) -> None:
+    """A colocated trainer's server outlives training: the orchestrator still loads the final
+    weights and may evaluate them. It is done when it marks the run finished."""
+    logger.info("trainer: training done; serving until the orchestrator finishes")
+    wait = Wait("the orchestrator to finish the run", logger, first_report_after=30.0)
+    while not run_finished(run_dir):
+        wait.check()
+        time.sleep(0.2)

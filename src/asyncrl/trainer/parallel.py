@@ -38,9 +38,12 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from asyncrl.config.trainer import TrainerConfig
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
-from asyncrl.trainer.logprobs import register_fsdp_logprobs
+from asyncrl.trainer.logprobs import completion_logprobs, register_fsdp_logprobs
+from asyncrl.trainer.model import precision_context
+from asyncrl.trainer.packing import PackedBatch
 from asyncrl.trainer.rank_store import rank_store
 
 logger = get_logger(__name__)
@@ -209,3 +212,17 @@ def peak_memory_bytes(device: torch.device) -> float:
 def barrier(ranks: Ranks) -> None:
     if ranks.distributed:
         dist.barrier()
+
+
+def zero_weight_pass(model: torch.nn.Module, config: TrainerConfig, device: torch.device) -> None:
+    """A forward and backward pass that adds exactly zero to every gradient: it keeps this
+    rank's FSDP collectives paired with the ranks that still have micro-batches."""
+    dummy = PackedBatch(
+        input_ids=torch.zeros(1, 2, dtype=torch.long, device=device),
+        position_ids=torch.arange(2, device=device).unsqueeze(0),
+        loss_mask=torch.tensor([[False, True]], device=device),
+        sample_index=torch.zeros(1, 2, dtype=torch.long, device=device),
+    )
+    with precision_context(config.recipe, device):
+        logprobs = completion_logprobs(model, dummy).logprobs
+    (logprobs.sum() * 0.0).backward()

@@ -12,7 +12,6 @@ the batch and shares it, each rank trains on its share, and rank 0 publishes and
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from pathlib import Path
@@ -27,13 +26,12 @@ from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
 from asyncrl.trainer.batch_source import BatchSource
 from asyncrl.trainer.checkpoint import save_trainer_checkpoint
-from asyncrl.trainer.colocated_engine import ColocatedEngine, HostEngine
+from asyncrl.trainer.colocated_engine import ColocatedEngine, HostEngine, serve_until_finished
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
-from asyncrl.trainer.packing import PackedBatch
 from asyncrl.trainer.parallel import (
     SINGLE_PROCESS,
     Ranks,
@@ -44,16 +42,16 @@ from asyncrl.trainer.parallel import (
     reduce_sums,
     shard_model,
     split_by_tokens,
+    zero_weight_pass,
 )
 from asyncrl.trainer.publish import WeightPublisher, open_sender
+from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
 from asyncrl.transport.broadcast import publish_weights
 from asyncrl.transport.rollout_transport import batch_receiver
-from asyncrl.transport.run_end import run_finished
 from asyncrl.types import TrainingBatch
-from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
@@ -172,16 +170,6 @@ def train_loop(
             step += 1
         if colocated is not None:
             serve_until_finished(run_dir)
-
-
-def serve_until_finished(run_dir: Path) -> None:
-    """A colocated trainer's server outlives training: the orchestrator still loads the final
-    weights and may evaluate them. It is done when it marks the run finished."""
-    logger.info("trainer: training done; serving until the orchestrator finishes")
-    wait = Wait("the orchestrator to finish the run", logger, first_report_after=30.0)
-    while not run_finished(run_dir):
-        wait.check()
-        time.sleep(0.2)
 
 
 def build_policy(
@@ -314,54 +302,3 @@ def train_step(
     stats.step_time = time.perf_counter() - started
     stats.reduce(ranks)
     return stats
-
-
-def zero_weight_pass(model: torch.nn.Module, config: TrainerConfig, device: torch.device) -> None:
-    """A forward and backward pass that adds exactly zero to every gradient: it keeps this
-    rank's FSDP collectives paired with the ranks that still have micro-batches."""
-    dummy = PackedBatch(
-        input_ids=torch.zeros(1, 2, dtype=torch.long, device=device),
-        position_ids=torch.arange(2, device=device).unsqueeze(0),
-        loss_mask=torch.tensor([[False, True]], device=device),
-        sample_index=torch.zeros(1, 2, dtype=torch.long, device=device),
-    )
-    with precision_context(config.recipe, device):
-        logprobs = completion_logprobs(model, dummy).logprobs
-    (logprobs.sum() * 0.0).backward()
-
-
-def build_reference(model: torch.nn.Module, config: TrainerConfig) -> torch.nn.Module | None:
-    """A frozen copy of the starting policy when β·KL needs one; with LoRA the base model with
-    adapters disabled is the reference, so no copy is made."""
-    if config.loss.beta == 0 or config.lora:
-        return None
-    reference = copy.deepcopy(model).eval()
-    for parameter in reference.parameters():
-        parameter.requires_grad_(False)
-    return reference
-
-
-@torch.no_grad()
-def reference_logprobs_for(
-    reference: torch.nn.Module | None,
-    model: torch.nn.Module,
-    mb: MicroBatch,
-    config: TrainerConfig,
-) -> torch.Tensor | None:
-    if config.loss.beta == 0:
-        return None
-    context = model.disable_adapter() if reference is None else contextlib.nullcontext()
-    with context, precision_context(config.recipe, mb.packed.input_ids.device):
-        return completion_logprobs(reference or model, mb.packed, mb.temperature).logprobs
-
-
-@torch.no_grad()
-def maybe_sync_reference(
-    reference: torch.nn.Module | None, model: torch.nn.Module, step: int, config: TrainerConfig
-) -> None:
-    """TR-DPO-style sync: ref ← α·policy + (1 − α)·ref every `ref_model_sync_steps`."""
-    if reference is None or not config.sync_ref_model or step % config.ref_model_sync_steps:
-        return
-    alpha = config.ref_model_mixup_alpha
-    for ref_param, param in zip(reference.parameters(), model.parameters(), strict=True):
-        ref_param.mul_(1 - alpha).add_(param.detach(), alpha=alpha)

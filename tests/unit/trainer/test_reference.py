@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.micro_batches import build_micro_batches
-from asyncrl.trainer.train import build_reference, maybe_sync_reference, reference_logprobs_for
+from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.types import TrainingBatch, TrainingSample
 
 BATCH = TrainingBatch(
