@@ -104,8 +104,13 @@ def cluster_state(cluster: RayCluster) -> dict[str, object]:
 def start_until_first_step(
     command: list[str], output: Path, env: dict[str, str]
 ) -> subprocess.Popen[bytes]:
-    """Start `asyncrl rl` and return once the trainer has logged a step."""
-    launcher = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    """Start `asyncrl rl` and return once the trainer has logged a step. The launcher gets
+    SIGINT at its default (KeyboardInterrupt): a test run started in the background by a shell
+    without job control inherits SIGINT ignored, and Ctrl-C would then never reach it."""
+    launcher = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while not (metrics.exists() and read_metrics(metrics, role="trainer")):
