@@ -20,6 +20,22 @@ logger = get_logger(__name__)
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 
 
+_CLIPPED = frozenset({"grpo_clip", "dapo", "dr_grpo", "gspo", "cispo"})
+_MASKED_IS = frozenset({"masked_is"})
+# the losses that read each key (`type` applies to all): a key set away from its default for a
+# loss that does not read it is refused, never ignored
+_MASKED_IS_KEYS = (
+    "ratio_type", "kl_tau", "adv_tau", "teacher_tau", "token_mask_low", "token_mask_high",
+    "geo_mask_low", "geo_mask_high", "sequence_mask_low", "sequence_mask_high",
+    "sequence_clip_high",
+)  # fmt: skip
+LOSS_KEYS_READ_BY: dict[str, frozenset[str]] = {
+    **dict.fromkeys(_MASKED_IS_KEYS, _MASKED_IS),
+    **dict.fromkeys(("epsilon", "epsilon_high", "beta", "kl_estimator"), _CLIPPED),
+    "dr_grpo_length": frozenset({"dr_grpo"}),
+}
+
+
 class LossConfig(StrictModel):
     """The GRPO loss family; the formulas are in `trainer/loss.py` and docs/training.md."""
 
@@ -97,6 +113,14 @@ class LossConfig(StrictModel):
                 "`beta` (KL to a reference model) applies to every loss but masked_is, which "
                 "uses `kl_tau` (KL to the inference policy)"
             )
+        for key in sorted(self.model_fields_set):
+            readers = LOSS_KEYS_READ_BY.get(key)
+            default = type(self).model_fields[key].get_default(call_default_factory=True)
+            if readers and self.type not in readers and getattr(self, key) != default:
+                raise ValueError(
+                    f"`{key}` does nothing for loss `{self.type}`: it is read by "
+                    f"{', '.join(sorted(readers))}; remove it or choose one of those"
+                )
         if self.beta > 0 and self.kl_estimator == "k1":
             logger.warning(
                 "loss: `kl_estimator: k1` as a loss term has a gradient of zero in expectation, "

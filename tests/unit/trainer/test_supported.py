@@ -3,6 +3,8 @@ config (so `asyncrl rl` refuses them before it starts any process)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from asyncrl.config.base import ConfigError
@@ -66,3 +68,28 @@ def test_k1_as_a_loss_term_is_warned_about(caplog: pytest.LogCaptureFixture) -> 
         assert not caplog.records
         LossConfig(type="grpo_clip", beta=0.1, kl_estimator="k1")
     assert "gradient of zero in expectation" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["--loss.type", "grpo_clip", "--loss.kl_tau", "0.1"],
+         "`kl_tau` does nothing for loss `grpo_clip`: it is read by masked_is"),
+        (["--loss.epsilon", "0.3"], "`epsilon` does nothing for loss `masked_is`"),
+        (["--loss.type", "dapo", "--loss.dr_grpo_length", "longest"],
+         "`dr_grpo_length` does nothing for loss `dapo`: it is read by dr_grpo"),
+    ],
+)  # fmt: skip
+def test_a_loss_key_the_chosen_loss_does_not_read_is_refused(
+    overrides: list[str], says: str
+) -> None:
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(TrainerConfig, [], ["--model", "m", *overrides])
+
+
+def test_a_loss_key_of_another_loss_at_its_default_loads() -> None:
+    """A shared file may spell out every loss key at its default; only a value that would
+    change nothing for this loss is refused."""
+    overrides = ["--loss.type", "grpo_clip", "--loss.kl_tau", "0.0", "--loss.epsilon", "0.3"]
+    config = load_config(TrainerConfig, [], ["--model", "m", *overrides])
+    assert config.loss.epsilon == 0.3
