@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--sft", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--env", default="reverse-text")
+    parser.add_argument("--env-args", default="{}", help="the environment's args, as JSON")
     parser.add_argument("--budget", type=float, required=True, help="seconds since launch")
     parser.add_argument("--every", type=int, required=True, help="steps between snapshots")
     parser.add_argument("--seed", type=int, default=0)
@@ -106,7 +107,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
-    env = load_environment(args.env)
+    env = load_environment(args.env, json.loads(args.env_args))
     examples = env.examples("train", 20_000)
     dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in examples])
     by_answer = {e.answer: e for e in examples}

@@ -50,7 +50,10 @@ from race_eval import snapshot_scorer
 from race_report import summarise
 
 REPO = Path(__file__).resolve().parents[1]
-WORKLOADS = {"quickstart": "examples/reverse_text/rl.yaml", "long": "examples/count/rl.yaml"}
+WORKLOADS = {
+    "quickstart": "examples/reverse_text/rl.yaml",
+    "long": "examples/reverse_text_long/rl.yaml",
+}
 SYSTEMS = ("asyncrl", "asyncrl-onpolicy", "trl")
 ONPOLICY = ["--deployment", "colocated", "--max_async_level", "0"]
 
@@ -114,7 +117,8 @@ def run_asyncrl(
 def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, every: int) -> Run:
     orchestrator, trainer = settings.orchestrator, settings.trainer
     command = [sys.executable, str(REPO / "benchmarks" / "race_trl.py"), "--sft", str(sft),
-               "--out", str(out), "--env", orchestrator.env[0].id, "--budget", str(budget),
+               "--out", str(out), "--env", orchestrator.env[0].id,
+               "--env-args", json.dumps(orchestrator.env[0].args), "--budget", str(budget),
                "--every", str(every), "--seed", str(seed), "--lr", str(trainer.learning_rate),
                "--batch", str(orchestrator.batch_size),
                "--group", str(orchestrator.rollouts_per_example),
@@ -165,7 +169,7 @@ def main() -> None:
         key, _, value = item.partition("=")
         overrides += [f"--{key}", value]
     settings: RLConfig = load_config(RLConfig, [str(config)], overrides)
-    env = load_environment(settings.orchestrator.env[0].id)
+    env = load_environment(settings.orchestrator.env[0].id, settings.orchestrator.env[0].args)
     max_tokens = int(settings.orchestrator.sampling.max_tokens or 64)
     every = dict(zip(SYSTEMS, args.every, strict=True))
     args.out.mkdir(parents=True, exist_ok=True)
