@@ -9,6 +9,7 @@ reason and the key to use instead — never silently dropped.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from asyncrl.log import get_logger
@@ -23,17 +24,29 @@ SEED_NAMES: dict[str, dict[str, str]] = {
     },
 }
 
-# section -> seed key -> (the values it may hold, why it sets nothing here)
-SEED_KEYS_WITHOUT_EFFECT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
+
+def _empty(value: Any) -> bool:
+    return value in ([], None)
+
+
+def _filesystem_block(value: Any) -> bool:
+    """The seeds' weight-broadcast block at its `type` (filesystem), whatever its NCCL-only keys
+    (`host`, `port`, `timeout`) say: they do nothing under filesystem in the seeds either."""
+    if hasattr(value, "model_dump"):
+        value = value.model_dump()
+    return value is None or (
+        isinstance(value, dict) and value.get("type", "filesystem") == "filesystem"
+    )
+
+
+# section -> seed key -> (whether a value of it is one that sets nothing, why it sets nothing)
+SEED_KEYS_WITHOUT_EFFECT: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "trainer": {
-        "datasets": (
-            ([], None),
-            "GRPO data comes from the orchestrator; leave `datasets` empty",
-        ),
+        "datasets": (_empty, "GRPO data comes from the orchestrator; leave `datasets` empty"),
     },
     "orchestrator": {
         "weight_broadcast": (
-            ({}, None, {"type": "filesystem"}),
+            _filesystem_block,
             "the orchestrator only loads the weights the trainer publishes: how they travel is "
             "`trainer.weight_broadcast` (and the servers' `weight_broadcast_type`, which "
             "`asyncrl rl` sets from it)",
@@ -42,8 +55,11 @@ SEED_KEYS_WITHOUT_EFFECT: dict[str, dict[str, tuple[tuple[Any, ...], str]]] = {
 }
 
 
-def _get(data: dict[str, Any], dotted: str) -> Any:
+def _get(data: Any, dotted: str) -> Any:
+    """The value at `dotted`, through dicts and sections given as models alike; None if unset."""
     for part in dotted.split("."):
+        if hasattr(data, "model_dump"):
+            data = data.model_dump(exclude_unset=True)
         if not isinstance(data, dict) or part not in data:
             return None
         data = data[part]
@@ -76,10 +92,10 @@ def apply_seed_names(section: str, data: Any) -> Any:
             )
         logger.debug("config: `%s` (the seeds' name) sets `%s`", seed, target)
         data = _set(data, target, value)
-    for seed, (allowed, reason) in SEED_KEYS_WITHOUT_EFFECT.get(section, {}).items():
+    for seed, (sets_nothing, reason) in SEED_KEYS_WITHOUT_EFFECT.get(section, {}).items():
         if seed not in data:
             continue
-        if data[seed] not in allowed:
+        if not sets_nothing(data[seed]):
             raise ValueError(f"`{seed}` has no effect in asyncrl: {reason}")
         data = {k: v for k, v in data.items() if k != seed}
     return data

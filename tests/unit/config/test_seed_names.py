@@ -14,8 +14,9 @@ from asyncrl.config.help import iter_fields
 from asyncrl.config.loading import load_config
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.rl import RLConfig
-from asyncrl.config.seed_names import SEED_KEYS_WITHOUT_EFFECT, SEED_NAMES
+from asyncrl.config.seed_names import SEED_KEYS_WITHOUT_EFFECT, SEED_NAMES, apply_seed_names
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.transport import RolloutTransportConfig
 
 SUROGATE_TRAINER = """\
 model: "./reverse-fft"
@@ -122,3 +123,26 @@ def test_seed_names_are_not_fields_of_asyncrl_models(section: str, model: type) 
     seed_keys = {*SEED_NAMES.get(section, {}), *SEED_KEYS_WITHOUT_EFFECT.get(section, {})}
     assert not seed_keys & fields
     assert all(target in fields for target in SEED_NAMES.get(section, {}).values())
+
+
+def test_a_seed_weight_broadcast_block_of_type_filesystem_loads_whatever_its_nccl_keys() -> None:
+    """The seeds' block lists `host`, `port` and `timeout` beside `type`: under filesystem they
+    do nothing there either, so a file that spells them out loads."""
+    block = "{type: filesystem, host: localhost, port: 29501, timeout: 1200}"
+    config = load_config(OrchestratorConfig, [], ["--model.name", "m", "--weight_broadcast", block])
+    assert config.model.name == "m"
+    with pytest.raises(ConfigError, match=r"`trainer\.weight_broadcast`"):
+        load_config(
+            OrchestratorConfig, [], ["--model.name", "m", "--weight_broadcast", "{type: nccl}"]
+        )
+
+
+def test_a_seed_name_disagreeing_with_a_section_given_as_a_model_is_refused() -> None:
+    """Code that builds a config may hand a section as a model, not a dict: the agreement check
+    reads it too."""
+    section = {
+        "transport_type": "zmq",
+        "rollout_transport": RolloutTransportConfig(type="filesystem"),
+    }
+    with pytest.raises(ValueError, match=r"disagrees with `rollout_transport\.type`"):
+        apply_seed_names("trainer", section)
