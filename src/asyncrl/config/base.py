@@ -35,6 +35,13 @@ def planned(default: Any, description: str, *, feature: str, **kwargs: Any) -> A
     return Field(default, description=description, json_schema_extra={"planned": feature}, **kwargs)
 
 
+def wired(default: Any, description: str, *, source: str, **kwargs: Any) -> Any:
+    """A section a launcher fills from another one (`source`), so a role's own config file can
+    still give it. Inside a config that holds `source` too (`asyncrl rl`), it is not listed again
+    (`--help`, the reference): `source` is the one place to set it there."""
+    return Field(default, description=description, json_schema_extra={"wired": source}, **kwargs)
+
+
 def check_planned(model: BaseModel, prefix: str = "") -> None:
     """Raise ConfigError for the first planned key that is set away from its default."""
     for name, field in type(model).model_fields.items():

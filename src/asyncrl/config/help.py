@@ -32,9 +32,13 @@ def _type_name(annotation: Any) -> str:
 
 
 def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, str, str, str]]:
-    """(key path, type, default, description) for every leaf field, nested sections expanded."""
+    """(key path, type, default, description) for every leaf field, nested sections expanded;
+    a wired section (`config.base.wired`) only where its model stands alone (no `prefix`)."""
     for name, field in model.model_fields.items():
         path = f"{prefix}{name}"
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if prefix and "wired" in extra:
+            continue
         annotation = field.annotation
         inner = _inner_model(annotation)
         is_list = typing.get_origin(annotation) is list
@@ -50,7 +54,6 @@ def iter_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str,
             default = repr(field.get_default(call_default_factory=True))
         else:
             default = repr(field.default)
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         description = field.description or ""
         if "planned" in extra:
             description += f" [not supported yet: {extra['planned']}]"

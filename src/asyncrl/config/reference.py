@@ -50,10 +50,27 @@ def render_reference(commands: Iterable[tuple[str, str, type[BaseModel]]]) -> st
         + " as its whole config.",
         "",
     ]
+    tables: list[str] = []
     for command, summary, model in commands:
-        if command not in SECTION_COMMANDS:
-            lines += render_command(command, summary, model)
-    return "\n".join(lines)
+        if command in SECTION_COMMANDS:
+            lines += wired_sections(command, model)
+        else:
+            tables += render_command(command, summary, model)
+    return "\n".join([*lines, *tables])
+
+
+def wired_sections(command: str, model: type[BaseModel]) -> list[str]:
+    """The sections a role's own config may give that `asyncrl rl` fills from another one (so
+    its table does not list them): named here, with where they come from."""
+    lines = []
+    for name, field in model.model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        if "wired" in extra:
+            lines.append(
+                f"`asyncrl {command}` alone also takes `{name}`, an `{extra['wired']}` section: "
+                f"{_cell(field.description or '')} Under `asyncrl rl`, set `{extra['wired']}`."
+            )
+    return [*lines, ""] if lines else []
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import StrictModel, planned
+from asyncrl.config.base import StrictModel, planned, wired
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.training import TrainingConfig
@@ -212,12 +212,13 @@ class TrainerConfig(TrainingConfig):
         "which the orchestrator loads into every server before any rollout: no mismatch; the "
         "orchestrator must set `load_trainer_base` (`asyncrl rl` does).",
     )
-    colocated_inference: InferenceConfig | None = Field(
+    colocated_inference: InferenceConfig | None = wired(
         None,
         description="Serve this inference config from the trainer's own process, taking turns "
-        "with training on its device, weights synced in memory after every step (set by "
-        "`asyncrl rl` for `deployment: colocated`). Broadcast directories are then written "
-        "only at checkpoint steps and the last step, for eval and export.",
+        "with training on its device, weights synced in memory after every step. Broadcast "
+        "directories are then written only at checkpoint steps and the last step, for eval and "
+        "export. `asyncrl rl` sets it from `inference` for `deployment: colocated`.",
+        source="inference",
     )
 
     @model_validator(mode="before")

@@ -8,7 +8,10 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 from asyncrl.cli import COMMANDS
+from asyncrl.config.help import iter_fields
 from asyncrl.config.reference import render_command, render_reference
+from asyncrl.config.rl import RLConfig
+from asyncrl.config.trainer import TrainerConfig
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "config-reference.md"
 
@@ -31,3 +34,14 @@ def test_reference_rows_carry_key_type_default_and_description() -> None:
     rows = render_command("demo", "A demo.", Outer)
     assert "| **`inner`** | section | | A section. |" in rows
     assert "| `inner.rate` | `float` | `0.5` | How \\| often. |" in rows  # pipes escaped
+
+
+def test_a_wired_section_is_listed_where_its_role_stands_alone_not_again_under_rl() -> None:
+    """`trainer.colocated_inference` is `inference` again (42 keys), filled by `asyncrl rl`: its
+    help and reference list it once, under `inference`; `asyncrl train` alone still takes it."""
+    under_rl = [path for path, *_ in iter_fields(RLConfig)]
+    assert "inference.port" in under_rl
+    assert not [path for path in under_rl if "colocated_inference" in path]
+    alone = [path for path, *_ in iter_fields(TrainerConfig)]
+    assert "colocated_inference.port" in alone
+    assert "alone also takes `colocated_inference`, an `inference` section" in PAGE.read_text()
