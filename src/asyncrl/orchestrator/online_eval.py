@@ -15,9 +15,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
-from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig, SamplingConfig
+from asyncrl.config.orchestrator import (
+    AdvantageConfig,
+    EvalConfig,
+    OrchestratorConfig,
+    SamplingConfig,
+)
 from asyncrl.envs.base import Example
 from asyncrl.envs.reward_pool import EnvironmentPool
 from asyncrl.log import get_logger
@@ -26,7 +30,7 @@ from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.episode import EpisodeSetting, run_episode_group
-from asyncrl.orchestrator.rollout import GroupRequest
+from asyncrl.orchestrator.group import GroupRequest
 
 logger = get_logger(__name__)
 
@@ -38,13 +42,7 @@ class EvalTarget:
     name: str
     examples: list[Example]
     rewards: EnvironmentPool
-    episodes: EpisodeSetting | None = None  # a multi-turn environment's, with eval sampling
-
-
-@dataclass(frozen=True)
-class Sample:
-    text: str
-    versions: list[int]  # per token; the launch version where the server reports none
+    episodes: EpisodeSetting  # how its episodes are played, with the eval's sampling
 
 
 class OnlineEval:
@@ -53,7 +51,6 @@ class OnlineEval:
         config: EvalConfig,
         targets: list[EvalTarget],
         clients: ClientPool,
-        training_sampling: SamplingConfig,
         metrics: MetricsWriter,
         model_name: Callable[[], str],
         first_step: int,
@@ -62,7 +59,6 @@ class OnlineEval:
         self.config = config
         self.targets = targets
         self.clients = clients
-        self.max_tokens = config.sampling.max_tokens or training_sampling.max_tokens
         self.metrics = metrics
         self.model_name = model_name  # the base model, or the LoRA adapter once loaded
         self.limit = asyncio.Semaphore(config.max_concurrent)
@@ -132,20 +128,8 @@ class OnlineEval:
     async def _example(
         self, target: EvalTarget, example: Example, launch_version: int
     ) -> list[tuple[float, list[int]]]:
-        """(reward, token versions) of each of the k samples of one example."""
-        if target.episodes is not None:
-            return await self._episodes(target, target.episodes, example, launch_version)
-        route, body = self._request(example)
-        async with self.limit:
-            _, response = await self.clients.generate_anywhere(route, body, cost=body["n"])
-        samples = [_sample(choice, launch_version) for choice in response["choices"]]
-        scored = await asyncio.gather(*(target.rewards.score(s.text, example) for s in samples))
-        return [(r.reward, s.versions) for r, s in zip(scored, samples, strict=True)]
-
-    async def _episodes(
-        self, target: EvalTarget, setting: EpisodeSetting, example: Example, launch_version: int
-    ) -> list[tuple[float, list[int]]]:
-        """A multi-turn environment's k episodes, played as in training (`episode.py`)."""
+        """(reward, versions of the model's tokens) of each of the k samples of one example,
+        played as in training (`episode.py`) with the eval's sampling."""
         sampling = self.config.sampling
         seed = None if sampling.seed is None else sampling.seed + example.example_id
         request = GroupRequest(
@@ -153,7 +137,7 @@ class OnlineEval:
             launch_version,
         )  # fmt: skip
         async with self.limit:
-            group = await run_episode_group(request, setting, vocab_size=0)
+            group = await run_episode_group(request, target.episodes, vocab_size=0)
         return [
             (reward, [v for v, m in zip(s.policy_versions, s.completion_mask, strict=True) if m])
             for reward, s in zip(group.rewards, group.samples, strict=True)
@@ -163,14 +147,15 @@ class OnlineEval:
     def episode_setting(
         config: EvalConfig, training: OrchestratorConfig, setting: EpisodeSetting
     ) -> EpisodeSetting:
-        """`setting` (the training one) with the eval's sampling and k, no filters, and always
-        scored."""
-        sampling = training.sampling.model_copy(
+        """`setting` (the training one) with the eval's sampling and k (what the eval does not
+        set is at its default, not training's: `top_k`, `min_tokens`, `repetition_penalty`),
+        no filters, always scored, and outcome advantages (unused: eval trains nothing, and
+        neither per-step rewards nor a custom advantage function are asked for)."""
+        sampling = SamplingConfig().model_copy(  # a copy: greedy (0) is for eval, not training
             update={
                 "temperature": config.sampling.temperature,
                 "top_p": config.sampling.top_p,
                 "max_tokens": config.sampling.max_tokens or training.sampling.max_tokens,
-                "temp_scheduler": None,
             }
         )
         evaluation = training.model_copy(
@@ -178,33 +163,9 @@ class OnlineEval:
                 "rollouts_per_example": config.rollouts_per_example,
                 "sampling": sampling,
                 "filters": [],
+                "advantage": AdvantageConfig(),
                 "mask_truncated_completions": False,
                 "buffer": training.buffer.model_copy(update={"skip_verification": False}),
             }
         )
         return replace(setting, config=evaluation)
-
-    def _request(self, example: Example) -> tuple[str, dict[str, Any]]:
-        sampling = self.config.sampling
-        body: dict[str, Any] = {
-            "model": self.model_name(),
-            "n": self.config.rollouts_per_example,
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "return_token_ids": True,
-        }
-        if self.max_tokens is not None:
-            body["max_tokens"] = self.max_tokens
-        if sampling.seed is not None:
-            body["seed"] = sampling.seed + example.example_id
-        if example.prompt_token_ids is not None:
-            return "completions", {**body, "prompt": example.prompt_token_ids}
-        return "chat/completions", {**body, "messages": example.prompt}
-
-
-def _sample(choice: dict[str, Any], launch_version: int) -> Sample:
-    text = choice["message"]["content"] if "message" in choice else choice["text"]
-    versions = choice.get("policy_versions") or [launch_version] * len(
-        choice.get("token_ids") or []
-    )
-    return Sample(text or "", list(versions))

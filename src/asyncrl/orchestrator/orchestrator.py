@@ -42,9 +42,9 @@ from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import chat_template
 from asyncrl.orchestrator.episode import EpisodeSetting, episode_tokens, run_episode_group
+from asyncrl.orchestrator.group import Group, GroupAborted, GroupRequest
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.progress import maybe_checkpoint, resume
-from asyncrl.orchestrator.rollout import Group, GroupAborted, GroupRequest, run_group
 from asyncrl.orchestrator.startup_checks import (
     refuse_environments_without_step_rewards,
     warn_about_engine_limits,
@@ -143,15 +143,16 @@ class Orchestrator:
 
     def episodes(
         self, env: Environment, pool: EnvironmentPool, evaluation: EvalConfig | None = None
-    ) -> EpisodeSetting | None:
-        """How a multi-turn environment's episodes are played (None for a single-turn one):
+    ) -> EpisodeSetting:
+        """How an environment's episodes are played (one turn each for a single-turn one):
         with the training settings, or with `evaluation`'s sampling."""
-        if not is_multi_turn(env):
-            return None
-        assert self.episode_tokens is not None  # made when any environment is multi-turn
-        setting = EpisodeSetting(
-            self.config, self.clients, pool, self.episode_tokens, env.max_turns
-        )
+        if is_multi_turn(env):
+            assert self.episode_tokens is not None  # made when any environment is multi-turn
+            setting = EpisodeSetting(
+                self.config, self.clients, pool, self.episode_tokens, env.max_turns
+            )
+        else:
+            setting = EpisodeSetting(self.config, self.clients, pool, None, decode=self.decode)
         if evaluation is None:
             return setting
         return OnlineEval.episode_setting(evaluation, self.config, setting)
@@ -177,7 +178,7 @@ class Orchestrator:
         step, last_batch = resumed.step + 1, time.monotonic()
         if config.eval is not None:
             self.evaluator = OnlineEval(
-                config.eval, self.eval_targets, self.clients, config.sampling,
+                config.eval, self.eval_targets, self.clients,
                 MetricsWriter(self.run_dir / "metrics.jsonl", role="eval"),
                 lambda: self.weights.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
@@ -260,12 +261,7 @@ class Orchestrator:
         )
         env, rewards = self.envs[drawn.env_index], self.rewards[drawn.env_index]
         try:
-            if (setting := self.episodes(env, rewards)) is not None:
-                group = await run_episode_group(request, setting, self.vocab_size)
-            else:
-                group = await run_group(
-                    request, self.config, self.clients, rewards, self.vocab_size, self.decode
-                )
+            group = await run_episode_group(request, self.episodes(env, rewards), self.vocab_size)
         except GroupAborted as error:
             self.aborted_groups += 1
             logger.warning("orchestrator: a group is dropped: %s", error)

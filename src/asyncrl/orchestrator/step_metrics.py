@@ -6,7 +6,7 @@ import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 
-from asyncrl.orchestrator.rollout import Group
+from asyncrl.orchestrator.group import Group
 
 # staleness is reported per completion-length bucket: long rollouts are the ones that span updates
 LENGTH_BUCKETS = (16, 64, 256, 1024)

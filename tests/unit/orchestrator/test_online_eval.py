@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from asyncrl.config.orchestrator import EvalConfig
+from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
+from asyncrl.envs.base import Example
 from asyncrl.monitor.eval_records import summarize
+from asyncrl.orchestrator.buffer import Drawn
+from asyncrl.orchestrator.episode import EpisodeSetting
+from asyncrl.orchestrator.group import GroupRequest, request_body
 from asyncrl.orchestrator.online_eval import OnlineEval
 
 
@@ -37,3 +41,27 @@ def test_first_step_after_a_start_or_a_resume(
 ) -> None:
     config = EvalConfig(interval=10, eval_base_model=base, skip_eval_on_resume=skip)
     assert OnlineEval.first_step(config, resumed_at) == expected
+
+
+def test_eval_asks_with_its_own_sampling_not_the_training_settings_it_does_not_name() -> None:
+    """Eval plays groups through the training path (`episode.py`) with a setting of its own:
+    its temperature, top_p, max_tokens and k; training's top_k, min_tokens, repetition
+    penalty, filters, per-step advantages and skip_verification stay out."""
+    training = OrchestratorConfig(
+        model={"name": "m"}, env=[{"id": "reverse-text"}], rollouts_per_example=8,
+        sampling={"temperature": 1.0, "top_k": 5, "min_tokens": 3, "repetition_penalty": 1.3,
+                  "max_tokens": 40},
+        filters=[{"type": "gibberish"}], advantage={"type": "process"},
+        buffer={"skip_verification": True},
+    )  # fmt: skip
+    evaluation = EvalConfig(rollouts_per_example=2, sampling={"temperature": 0.0, "seed": 7})
+    setting = EpisodeSetting(training, None, None, None)  # type: ignore[arg-type]
+    played = OnlineEval.episode_setting(evaluation, training, setting)
+    example = Example(3, [{"role": "user", "content": "abc"}], "cba", "reverse")
+    request = GroupRequest(Drawn(0, example), "reverse", "m", 0.0, 10, launch_version=0)
+    route, body = request_body(request, played.config)
+    assert route == "chat/completions"
+    assert (body["n"], body["temperature"], body["max_tokens"], body["seed"]) == (2, 0.0, 40, 10)
+    assert (body["top_k"], body["min_tokens"], body["repetition_penalty"]) == (-1, 0, 1.0)
+    assert played.config.filters == [] and played.config.advantage.type == "default"
+    assert not played.config.buffer.skip_verification
