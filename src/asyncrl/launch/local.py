@@ -17,24 +17,22 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 from asyncrl.config.deployment import machine_deployment
 from asyncrl.config.rl import RLConfig
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.launch.judge_role import judge_spec, judge_url
-from asyncrl.launch.live_view import LiveView
-from asyncrl.launch.roles import prepare_resume, reporter_for, role_yaml
+from asyncrl.launch.roles import prepare_resume, role_yaml
 from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
     RoleSpec,
     SupervisedRole,
+    supervise_until_finished,
     why_not_restartable,
 )
 from asyncrl.log import get_logger
-from asyncrl.monitor.trackers import Reporter
 from asyncrl.processes import stop, wait_healthy
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
@@ -157,28 +155,11 @@ def run_rl(config: RLConfig) -> None:
 
 def supervise(roles: dict[str, SupervisedRole], config: RLConfig) -> None:
     """Until trainer and orchestrator finish, restarting a role that dies or hangs (a role past
-    its restart budget stops everything). Meanwhile the live view and the trackers
-    (`report_to`) follow the run directory."""
-    run_dir = Path(config.orchestrator.output_dir)
-    view = LiveView(run_dir / "metrics.jsonl", config.max_steps)
-    reporter = reporter_for(config)
-    try:
-        with view:
-            follow(roles, view, reporter)
-    finally:
-        if reporter is not None:
-            reporter.close()
+    its restart budget stops everything)."""
 
-
-def follow(roles: dict[str, SupervisedRole], view: LiveView, reporter: Reporter | None) -> None:
-    """Check the roles twice a second until trainer and orchestrator have finished."""
-    while True:
+    def check_roles() -> bool:
         for role in roles.values():
             role.check()
-        view.refresh()
-        if reporter is not None:
-            reporter.refresh()
-        if roles["train"].finished and roles["orch"].finished:
-            logger.info("rl: trainer and orchestrator finished")
-            return
-        time.sleep(0.5)
+        return roles["train"].finished and roles["orch"].finished
+
+    supervise_until_finished(config, check_roles)

@@ -23,19 +23,17 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from asyncrl.config.ray import RayConfig
 from asyncrl.config.rl import RLConfig
-from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.placement import plan_slots
 from asyncrl.launch.ray_auth import AUTH_MODE, JoinedAuth, authenticate_local_instance
 from asyncrl.launch.ray_placement import reserve
 from asyncrl.launch.ray_run import CALL_TIMEOUT, RayRun, unit_of
 from asyncrl.launch.ray_wiring import start_roles
-from asyncrl.launch.roles import RoleFailed, prepare_resume, reporter_for
-from asyncrl.launch.supervisor import RESUME_ARGUMENTS, how_it_ended
+from asyncrl.launch.roles import RoleFailed, prepare_resume
+from asyncrl.launch.supervisor import RESUME_ARGUMENTS, how_it_ended, supervise_until_finished
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
@@ -98,26 +96,15 @@ def connect(ray: Any, config: RLConfig) -> JoinedAuth:
 def supervise(run: RayRun) -> None:
     """Until trainer and orchestrator finish, restarting a role whose process dies or hangs
     (`restart`; the trainer's ranks together); a role past its budget, or a dead actor,
-    stops everything."""
+    stops everything. Every role's new log lines are streamed in on each check."""
     finishing = [m for m in run.members if m.role != "infer"]
-    view = LiveView(Path(run.config.orchestrator.output_dir) / "metrics.jsonl",
-                    run.config.max_steps)  # fmt: skip
-    reporter = reporter_for(run.config)
-    try:
-        with view:
-            while True:
-                run.stream_logs()
-                codes = check_roles(run)
-                view.refresh()
-                if reporter is not None:
-                    reporter.refresh()
-                if not run.pending and all(codes[m.label] == 0 for m in finishing):
-                    logger.info("rl: trainer and orchestrator finished")
-                    return
-                time.sleep(0.5)
-    finally:
-        if reporter is not None:
-            reporter.close()
+
+    def finished() -> bool:
+        run.stream_logs()
+        codes = check_roles(run)
+        return not run.pending and all(codes[m.label] == 0 for m in finishing)
+
+    supervise_until_finished(run.config, finished)
 
 
 def check_roles(run: RayRun) -> dict[str, int | None]:

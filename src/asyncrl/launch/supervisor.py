@@ -1,5 +1,7 @@
 """A role process that comes back: when it dies, or hangs, it is started again from its last
-checkpoint, after a backoff, until its restart budget is spent.
+checkpoint, after a backoff, until its restart budget is spent. Both launchers supervise with
+the same loop (`supervise_until_finished`) and the same budget; they differ only in how they
+see and restart a role (a child process here, a Ray actor's in `launch/ray.py`).
 
 A role hangs when its heartbeat file (`asyncrl.heartbeat`, beaten by a thread of the role)
 stays silent for `restart.hang_timeout` seconds while the process is alive: it is stopped or
@@ -13,13 +15,15 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.config.restart import RestartConfig
 from asyncrl.config.rl import RLConfig
 from asyncrl.heartbeat import HEARTBEAT_ENV, clear_heartbeat, silent_for
-from asyncrl.launch.roles import RoleFailed
+from asyncrl.launch.live_view import LiveView
+from asyncrl.launch.roles import RoleFailed, reporter_for
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_group, start, tail
 
@@ -46,6 +50,29 @@ RESUME_ARGUMENTS = {
     "orch": ["--ckpt.resume_step", "-1"],
     "train": ["--resume_step", "-1"],
 }
+
+
+def supervise_until_finished(config: RLConfig, check_roles: Callable[[], bool]) -> None:
+    """Twice a second, until trainer and orchestrator have finished: `check_roles()` (it
+    restarts a role that died or hung, raises `RoleFailed` for one past its budget, and says
+    whether trainer and orchestrator have finished), then the live view and the trackers
+    (`report_to`) read the run directory."""
+    view = LiveView(Path(config.orchestrator.output_dir) / "metrics.jsonl", config.max_steps)
+    reporter = reporter_for(config)
+    try:
+        with view:
+            while True:
+                finished = check_roles()
+                view.refresh()
+                if reporter is not None:
+                    reporter.refresh()
+                if finished:
+                    logger.info("rl: trainer and orchestrator finished")
+                    return
+                time.sleep(0.5)
+    finally:
+        if reporter is not None:
+            reporter.close()
 
 
 def why_not_restartable(role: str, config: RLConfig) -> str | None:
