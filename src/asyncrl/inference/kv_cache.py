@@ -112,9 +112,16 @@ class SlotKVCache:
         return self._starts.unsqueeze(1) + torch.arange(self._num_new, device=self.device)
 
     def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: object
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        *args: object,
+        **kwargs: object,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """[rows, kv_heads, num_new, head_dim] in -> [rows, kv_heads, kv_len, head_dim] out."""
+        """[rows, kv_heads, num_new, head_dim] in -> [rows, kv_heads, kv_len, head_dim] out.
+        Whatever else the model passes (`cache_kwargs` positionally in transformers 5.23 and
+        before, `kwargs=` from 5.24) is not needed here: slots and positions are set per step."""
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         if self._num_new == 1:
             keys[self._slots, :, self._starts] = key_states[:, :, 0]
