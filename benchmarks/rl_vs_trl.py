@@ -140,11 +140,37 @@ def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, 
     return Run("trl", seed, snapshots, steps, decomposition, {"trl": str(recorded["threads"])})
 
 
+def earlier_runs(
+    merge: Path | None, settings_key: dict[str, Any]
+) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
+    """The runs of an earlier race to report with this one's, after checking it raced the same
+    way (budget, snapshot intervals, prompts scored, config): a run is only comparable to another
+    under the same settings. Returns the runs and the SFT score it measured."""
+    if merge is None:
+        return [], None
+    try:
+        earlier = json.loads(merge.read_text())
+        report, runs = earlier["report"], earlier["runs"]
+    except (OSError, ValueError, KeyError) as error:
+        raise SystemExit(f"--merge {merge}: not a race.json ({error})") from error
+    differing = {key: (report["settings"].get(key), value) for key, value in settings_key.items()
+                 if report["settings"].get(key) != value}  # fmt: skip
+    if differing:
+        raise SystemExit(f"--merge {merge}: raced with other settings (then, now): {differing}")
+    return list(runs), report["start"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
     parser.add_argument("--sft", type=Path, required=True, help="the SFT model all start from")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0, help="the seeds: first, first+1, …")
+    parser.add_argument(
+        "--merge", type=Path, default=None, metavar="RACE_JSON",
+        help="an earlier race.json of the same settings: its runs join this report (more seeds "
+        "or another contestant without re-running the rest)",
+    )  # fmt: skip
     parser.add_argument("--budget", type=float, default=720.0, help="seconds per run")
     parser.add_argument(
         "--every",
@@ -173,12 +199,23 @@ def main() -> None:
     max_tokens = int(settings.orchestrator.sampling.max_tokens or 64)
     every = dict(zip(SYSTEMS, args.every, strict=True))
     args.out.mkdir(parents=True, exist_ok=True)
-    results: list[dict[str, Any]] = []
+    settings_key = {"budget_s": args.budget, "every": every, "prompts": args.prompts,
+                    "config": WORKLOADS[args.workload], "set": args.set}  # fmt: skip
+    results, earlier_start = earlier_runs(args.merge, settings_key)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    for run in results:
+        if run["system"] in args.systems and run["seed"] in seeds:
+            raise SystemExit(f"{run['system']} seed {run['seed']} is already in {args.merge}")
     with snapshot_scorer(args.sft, args.out, env, args.prompts, max_tokens,
                          args.out / "scorer.log") as scorer:  # fmt: skip
         start = scorer.score(None)
         print(f"SFT model: {start}", file=sys.stderr)
-        for seed in range(args.seeds):
+        if earlier_start is not None and any(
+            abs(earlier_start[key] - start[key]) > 0.002 for key in start
+        ):
+            raise SystemExit(f"{args.merge} scored the SFT model {earlier_start}, now {start}: "
+                             "not the same start, so not merged")  # fmt: skip
+        for seed in seeds:
             for system in args.systems:
                 out = args.out / f"{system}-seed{seed}"
                 shutil.rmtree(out, ignore_errors=True)
@@ -201,9 +238,11 @@ def main() -> None:
     report = summarise(results, start, args.target_gain, batch, args.budget, args.out / "race.png")
     report = {"benchmark": "rl_vs_trl", "workload": args.workload, "cpu": cpu_name(),
               "start": start, **report,
-              "settings": {"budget_s": args.budget, "seeds": args.seeds, "every": every,
-                           "prompts": args.prompts, "completions_per_step": batch,
-                           "config": WORKLOADS[args.workload], "set": args.set}}  # fmt: skip
+              "settings": {**settings_key, "completions_per_step": batch,
+                           "seeds": {system: sorted(r["seed"] for r in results
+                                                    if r["system"] == system)
+                                     for system in sorted({r["system"] for r in results})},
+                           "merged": str(args.merge) if args.merge else None}}  # fmt: skip
     (args.out / "race.json").write_text(json.dumps({"report": report, "runs": results}, indent=1))
     print(json.dumps(report))
 
