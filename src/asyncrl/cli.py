@@ -44,9 +44,13 @@ def _infer(config: Any) -> None:
 
         serve_external(config)
         return
-    from asyncrl.inference.server import serve
+    from asyncrl.inference.server import EngineFailed, serve
 
-    serve(config)
+    try:
+        serve(config)
+    except EngineFailed as error:  # said in one line: the log above holds the traceback
+        print(f"asyncrl infer: {error}", file=sys.stderr)
+        sys.exit(1)
 
 
 def _env_server(config: Any) -> None:

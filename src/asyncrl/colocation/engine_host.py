@@ -23,7 +23,7 @@ import uvicorn
 
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.served_model import ServedModel
-from asyncrl.inference.server import build_app, load_served_model
+from asyncrl.inference.server import EngineFailed, build_app, load_served_model
 from asyncrl.log import get_logger
 from asyncrl.monitor.peak_memory import PhasePeaks
 from asyncrl.trainer.policy_weights import check_names, policy_tensors, share_storage
@@ -92,12 +92,19 @@ class ColocatedInference:
         logger.info("colocated: serving %s on http://%s:%d inside the trainer",
                     self.served.name, config.host, config.port)  # fmt: skip
 
+    def check(self) -> None:
+        """The trainer, waiting for a batch, stops if the engine gave up (its steps kept
+        failing): the error ends the trainer's process, which a supervisor restarts."""
+        if self.engine.failure is not None:
+            raise EngineFailed(f"the colocated inference engine stopped: {self.engine.failure}")
+
     def busy_seconds(self) -> float:
         """Seconds the engine has spent generating since it started."""
         return self.engine.stats.busy_seconds
 
     def sleep(self) -> dict[str, float]:
         """Before a training step: the engine stops and hands its KV cache back."""
+        self.check()
         started = time.perf_counter()
         freed = self.engine.sleep()
         metrics = {"colocated/sleep_seconds": time.perf_counter() - started,

@@ -29,6 +29,9 @@ def open_router(served: ServedModel, receiver: WeightReceiverThread | None) -> A
 
     @router.get("/health")
     async def health() -> JSONResponse:
+        if served.engine.failure is not None:
+            return error_response(503, f"engine failed: {served.engine.failure}",
+                                  "ServiceUnavailable")  # fmt: skip
         if receiver is not None and receiver.error is not None:
             message = f"weight receiver failed: {receiver.error}"
             return error_response(503, message, "ServiceUnavailable")

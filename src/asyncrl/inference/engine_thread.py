@@ -5,6 +5,12 @@ between two steps, pause and resume, and end everything on close.
 An engine subclasses it and says where new sequences queue (`_enqueue`), which are in flight
 (`_unfinished`), whether there is anything to step (`_has_steps`), how one step runs (`_step`)
 and how a sequence ends (`_finish`).
+
+A step that raises aborts the requests in flight and the engine goes on: one bad request costs
+its sender. A step that fails `FAILED_STEPS_BEFORE_GIVING_UP` times in a row, with fresh
+requests each time, is a broken engine (a library that changed under it, a device gone): it
+then closes, records why in `failure` and calls `on_failure`, so the server reports itself
+unhealthy and exits instead of aborting every request forever behind a green /health.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
 
+FAILED_STEPS_BEFORE_GIVING_UP = 5
+
 
 class EngineThread:
     def __init__(self, thread_name: str) -> None:
@@ -34,6 +42,9 @@ class EngineThread:
         self._draining = False
         self._stopped = False
         self._closed = False  # shutting down: every request, held or new, ends as aborted
+        self._failed_steps = 0  # in a row
+        self.failure: str | None = None  # why the engine gave up, once it has
+        self.on_failure: Callable[[str], None] | None = None  # called once, on the engine thread
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
 
     # what an engine provides ---------------------------------------------------------------------
@@ -151,11 +162,25 @@ class EngineThread:
                     future.set_exception(error)
             try:
                 self._step()
-            except Exception:  # a failed step must not leave clients waiting forever
+                self._failed_steps = 0
+            except Exception as error:  # a failed step must not leave clients waiting forever
                 logger.exception("engine step failed; aborting in-flight requests")
+                self._failed_steps += 1
+                if self._failed_steps == FAILED_STEPS_BEFORE_GIVING_UP:
+                    self._give_up(error)  # before the aborts: a client told of one can ask why
                 with self._condition:
                     for sequence in self._unfinished():
                         self._finish(sequence, "abort")
+
+    def _give_up(self, error: Exception) -> None:
+        self.failure = (
+            f"{FAILED_STEPS_BEFORE_GIVING_UP} engine steps in a row failed, the last with "
+            f"{type(error).__name__}: {error}"
+        )
+        logger.error("the engine gives up: %s", self.failure)
+        if self.on_failure is not None:
+            self.on_failure(self.failure)
+        self.close()  # this request and every later one end at once as aborted
 
     def _has_work(self) -> bool:
         return self._stopped or bool(self._operations) or self._has_steps()

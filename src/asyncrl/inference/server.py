@@ -105,6 +105,11 @@ def build_app(
     return app
 
 
+class EngineFailed(RuntimeError):
+    """The engine gave up (its steps kept failing): the server stopped rather than abort every
+    request behind a healthy /health."""
+
+
 class ClosingServer(uvicorn.Server):
     """On SIGTERM/SIGINT, also end the engine's requests (held by a pause ones too), so the
     graceful shutdown has nothing to wait for; `on_exit` runs on a thread of its own, not in
@@ -146,9 +151,16 @@ def serve(config: InferenceConfig) -> None:
         ),
         on_exit=served.engine.close,
     )
+
+    def stop_serving(_: str) -> None:  # the process exits non-zero: supervisors restart it
+        server.should_exit = True
+
+    served.engine.on_failure = stop_serving
     try:
         server.run()
     finally:
         if receiver is not None:
             receiver.stop()
         served.engine.shutdown()
+    if served.engine.failure is not None:
+        raise EngineFailed(f"the inference server stopped: {served.engine.failure}")

@@ -23,6 +23,8 @@ class ServingEngine(Protocol):
     max_model_len: int
     weight_version: int  # set between steps; every token sampled after carries it
     stats: EngineStats
+    failure: str | None  # why the engine gave up (its steps kept failing), once it has
+    on_failure: Callable[[str], None] | None  # told that reason, once
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request: ...
 

@@ -11,6 +11,7 @@ ranks as its msgpack bytes in a uint8 tensor: typed decoding, nothing unpickled.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import msgspec
 import torch
@@ -34,11 +35,15 @@ class BatchSource:
         ranks: Ranks,
         timeout: float | None,
         heartbeat: float = HEARTBEAT,
+        check: Callable[[], None] | None = None,
     ) -> None:
         """`receiver` and `sender` exist on rank 0 only; `timeout` (None: none) bounds the
-        wait for each batch, after which `next` raises TimeoutError."""
+        wait for each batch, after which `next` raises TimeoutError. `check` runs between two
+        slices of the wait and raises if what the batch depends on has failed (a colocated
+        engine that gave up): the trainer stops then, not at the deadline."""
         self.receiver, self.sender, self.ranks = receiver, sender, ranks
         self.timeout = timeout
+        self.check = check
         self.slice = heartbeat if sender is None else min(heartbeat, ADMIT_EVERY)
 
     def next(self, step: int) -> TrainingBatch | None:
@@ -68,6 +73,8 @@ class BatchSource:
         """Rank 0 waits one slice: (BATCH, batch), (END, None), or (WAITING, None) when the
         slice ran out before the deadline; TimeoutError once the deadline has passed."""
         assert self.receiver is not None  # rank 0 has one
+        if self.check is not None:
+            self.check()
         if self.sender is not None:
             self.sender.admit_restarted_servers()
         left = None if deadline is None else deadline - time.monotonic()

@@ -36,6 +36,10 @@ class ColocatedEngine(Protocol):
         """After step `step`: take weights version `step` from `model` and resume; metrics."""
         ...
 
+    def check(self) -> None:
+        """Raise if the engine gave up (its steps kept failing): no batch would ever come."""
+        ...
+
     def close(self) -> None: ...
 
 

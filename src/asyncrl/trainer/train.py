@@ -100,7 +100,6 @@ def train_loop(
     )  # fmt: skip
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
-    batches = BatchSource(receiver, sender, ranks, batch_timeout)
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     republish_on_resume(config, run_dir, step - 1, model, sender, ranks)
     colocated: ColocatedEngine | None = None
@@ -112,6 +111,8 @@ def train_loop(
                 "sleeps while a step trains, so nothing overlaps: it only adds off-policy tokens "
                 "(0 was faster on a CPU, see benchmarks/RESULTS.md)", config.max_async_level,
             )  # fmt: skip
+    check = colocated.check if colocated is not None else None  # an engine that gave up
+    batches = BatchSource(receiver, sender, ranks, batch_timeout, check=check)
     spans, steps_since_log = StepSpans(), 0
     with contextlib.ExitStack() as cleanup:
         for part in (colocated, receiver, sender, weights_out):

@@ -16,6 +16,8 @@ import torch
 from asyncrl.colocation.engine_host import ColocatedInference
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.inference.engine_thread import FAILED_STEPS_BEFORE_GIVING_UP
+from asyncrl.inference.server import EngineFailed
 from asyncrl.launch.inference_process import free_port
 from asyncrl.trainer.model import load_model
 from asyncrl.transport.fingerprint import weights_fingerprint
@@ -160,3 +162,29 @@ def test_a_qlora_trainers_engine_serves_its_dequantized_base_with_adapters_merge
         assert answer["logprobs"]["token_logprobs"] == pytest.approx(expected, abs=1e-4)
     finally:
         inference.close()
+
+
+@pytest.mark.parametrize("colocated", [False], indirect=True, ids=["full"])
+def test_an_engine_that_gave_up_stops_the_trainer_waiting_for_a_batch(
+    colocated: tuple[ColocatedInference, torch.nn.Module, str],
+) -> None:
+    """Fault injected (the engine model's forward raises on every step): the trainer's check
+    between slices of its wait for a batch raises, naming why, instead of waiting for a batch
+    no rollout will make; so does the sleep before a step."""
+    inference, _, url = colocated
+
+    def forward(*args: object, **kwargs: object) -> None:
+        raise TypeError("injected")
+
+    inference.engine.model.forward = forward
+    inference.check()  # a healthy engine: nothing to say
+    model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+    body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS}
+    for _ in range(FAILED_STEPS_BEFORE_GIVING_UP):
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert response.json()["choices"][0]["finish_reason"] == "abort"
+    with pytest.raises(EngineFailed, match=r"5 engine steps in a row failed.*TypeError: injected"):
+        inference.check()
+    with pytest.raises(EngineFailed):
+        inference.sleep()
+    assert httpx.get(f"{url}/health").status_code == 503

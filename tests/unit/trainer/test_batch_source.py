@@ -43,3 +43,18 @@ def test_no_batch_by_the_deadline_is_a_timeout_after_it(tmp_path: Path) -> None:
     with pytest.raises(TimeoutError):
         source(tmp_path, timeout=0.3).next(1)
     assert 0.3 <= time.monotonic() - started < 5.0
+
+
+def test_a_failed_check_ends_the_wait_before_the_deadline(tmp_path: Path) -> None:
+    """A colocated engine that gave up: no batch will come, the trainer stops at once."""
+
+    def engine_gave_up() -> None:
+        raise RuntimeError("the colocated inference engine stopped")
+
+    waiting = BatchSource(
+        FilesystemReceiver(tmp_path), None, ONE_PROCESS, 60.0, 0.05, check=engine_gave_up
+    )
+    started = time.monotonic()
+    with pytest.raises(RuntimeError, match="engine stopped"):
+        waiting.next(1)
+    assert time.monotonic() - started < 5.0
