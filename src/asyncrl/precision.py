@@ -6,9 +6,10 @@ where it is emulated (an AVX2-only CPU runs a bf16 matmul at ~1.2 GFLOP/s agains
 float32). So `recipe: auto` and `dtype: auto` ask the device:
 
 - CUDA: `torch.cuda.is_bf16_supported(including_emulation=False)`.
-- CPU: a sub-second probe, the best of a few warmed-up 256×256 matmuls in each dtype. The CPU's
-  flags (`avx512_bf16`, `amx_bf16`, ARM `bf16`) are reported beside it but do not decide: oneDNN
-  emulates bf16 on some CPUs that lack them, and a flag says nothing of the library's kernels.
+- CPU: a sub-second probe on one thread, the best of a few warmed-up 256×256 matmuls in each
+  dtype, taking turns. The CPU's flags (`avx512_bf16`, `amx_bf16`, ARM `bf16`) are reported
+  beside it but do not decide: oneDNN emulates bf16 on some CPUs that lack them, and a flag
+  says nothing of the library's kernels.
 
 `ASYNCRL_NATIVE_BF16=1|0` overrides the detection (a probe that misjudges, or a test).
 Every role resolves its own precision on its own machine: the launcher may run elsewhere.
@@ -35,7 +36,7 @@ OVERRIDE_VARIABLE = "ASYNCRL_NATIVE_BF16"
 # bf16 must be clearly faster to be worth its rounding noise: at equal speed float32 wins
 NATIVE_SPEEDUP = 1.25
 PROBE_SIZE = 256
-PROBE_REPEATS = 3
+PROBE_REPEATS = 7
 CPU_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # x86 AVX-512 BF16 and AMX; ARMv8.6 BF16
 
 
@@ -172,20 +173,30 @@ def _describe_cpu() -> DeviceReport:
 
 def probe_bf16_slowdown(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) -> float:
     """Best-of-`repeats` time of a bf16 matmul ÷ that of a float32 one, after a warm-up call
-    each (the first call of a dtype pays for kernel set-up). ~0.1 s where bf16 is emulated."""
-    timings = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        generator = torch.Generator().manual_seed(0)
-        left = torch.randn(size, size, generator=generator).to(dtype)
-        right = torch.randn(size, size, generator=generator).to(dtype)
-        torch.mm(left, right)
-        best = float("inf")
-        for _ in range(repeats):
-            started = time.perf_counter()
+    each (the first call of a dtype pays for kernel set-up). ~0.2 s where bf16 is emulated.
+
+    On one thread, the two dtypes taking turns: the question is the kernel's speed, and a
+    matmul this small split over threads times their wake-ups, while a neighbour's burst that
+    lands on one dtype's calls only is outvoted by the other turns. (Best of 3 per dtype, in
+    turn and on every thread, once judged a Zen 4 with AVX512-BF16 1.1× slower in bf16 where
+    other start-ups of the same machine found it 1.8–3.1× faster.)"""
+    generator = torch.Generator().manual_seed(0)
+    base = [torch.randn(size, size, generator=generator) for _ in range(2)]
+    operands = {dtype: [t.to(dtype) for t in base] for dtype in (torch.float32, torch.bfloat16)}
+    best = dict.fromkeys(operands, float("inf"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for left, right in operands.values():
             torch.mm(left, right)
-            best = min(best, time.perf_counter() - started)
-        timings[dtype] = max(best, 1e-9)
-    return timings[torch.bfloat16] / timings[torch.float32]
+        for _ in range(repeats):
+            for dtype, (left, right) in operands.items():
+                started = time.perf_counter()
+                torch.mm(left, right)
+                best[dtype] = min(best[dtype], time.perf_counter() - started)
+    finally:
+        torch.set_num_threads(threads)
+    return max(best[torch.bfloat16], 1e-9) / max(best[torch.float32], 1e-9)
 
 
 def cpu_flags() -> set[str]:
