@@ -177,9 +177,9 @@ def probe_bf16_slowdown(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) ->
 
     On one thread, the two dtypes taking turns: the question is the kernel's speed, and a
     matmul this small split over threads times their wake-ups, while a neighbour's burst that
-    lands on one dtype's calls only is outvoted by the other turns. (Best of 3 per dtype, in
-    turn and on every thread, once judged a Zen 4 with AVX512-BF16 1.1× slower in bf16 where
-    other start-ups of the same machine found it 1.8–3.1× faster.)"""
+    lands on one dtype's calls only is outvoted by the other turns. (Best of 3 per dtype, one
+    dtype after the other, on every thread, once judged a Zen 4 with AVX512-BF16 1.1× slower in
+    bf16 where other start-ups of the same machine found it 1.8–3.1× faster.)"""
     generator = torch.Generator().manual_seed(0)
     base = [torch.randn(size, size, generator=generator) for _ in range(2)]
     operands = {dtype: [t.to(dtype) for t in base] for dtype in (torch.float32, torch.bfloat16)}

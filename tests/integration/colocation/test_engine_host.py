@@ -183,7 +183,8 @@ def test_an_engine_that_gave_up_stops_the_trainer_waiting_for_a_batch(
     for _ in range(FAILED_STEPS_BEFORE_GIVING_UP):
         response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         assert response.json()["choices"][0]["finish_reason"] == "abort"
-    with pytest.raises(EngineFailed, match=r"5 engine steps in a row failed.*TypeError: injected"):
+    said = rf"{FAILED_STEPS_BEFORE_GIVING_UP} engine steps in a row failed.*TypeError: injected"
+    with pytest.raises(EngineFailed, match=said):
         inference.check()
     with pytest.raises(EngineFailed):
         inference.sleep()

@@ -62,5 +62,6 @@ def test_a_server_whose_steps_all_fail_exits_with_the_reason(
         process.kill()
         process.wait()
     said = log.read_text()
-    assert "asyncrl infer: the inference server stopped: 5 engine steps in a row failed" in said
+    stopped = "asyncrl infer: the inference server stopped: "
+    assert f"{stopped}{FAILED_STEPS_BEFORE_GIVING_UP} engine steps in a row failed" in said
     assert "TypeError: injected" in said
