@@ -12,7 +12,7 @@ DEMO_DIR ?= outputs/demo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml scripts/setup.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -34,7 +34,7 @@ $(TRACKERS_STAMP): $(STAMP)
 TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
-$(TEST_STAMP): pyproject.toml scripts/setup.sh
+$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh
 	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(TEST_STAMP)
 

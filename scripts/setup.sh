@@ -6,6 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv}"
 python="${PYTHON:-python3}"
+# the versions CI passed with (constraints.txt); CONSTRAINTS= installs the newest instead
+constraints="${CONSTRAINTS-constraints.txt}"
 
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
@@ -18,5 +20,9 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then
 fi
 # the lock: `make test` runs this beside setup_vllm.sh, and both editable builds write
 # src/asyncrl.egg-info
-quiet flock . "${pip[@]}" -e ".[${EXTRAS:-dev}]"
+pinned=()
+if [ -n "$constraints" ]; then
+    pinned=(-c "$constraints")
+fi
+quiet flock . "${pip[@]}" "${pinned[@]}" -e ".[${EXTRAS:-dev}]"
 echo "asyncrl installed in $venv"
