@@ -22,6 +22,7 @@ decomposition (`race_decomposition.py`).
     make bench-setup   # .venv-bench: asyncrl + TRL
     .venv-bench/bin/python benchmarks/rl_vs_trl.py --workload quickstart \
         --sft outputs/demo/sft/final
+    .venv-bench/bin/python benchmarks/rl_vs_trl.py --workload long --sft outputs/long/sft/final
 """
 
 from __future__ import annotations
