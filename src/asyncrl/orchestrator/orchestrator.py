@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import time
 from collections import Counter, deque
 from pathlib import Path
@@ -104,6 +105,7 @@ class Orchestrator:
             config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
+        self.aborted_in_a_row = 0  # since the last group that finished: see `gave_up_on_aborts`
         self.weights = WeightSync(config, self.run_dir, self.clients)
 
     def reward_pool(self, env: EnvConfig, loaded: Environment) -> EnvironmentPool:
@@ -264,10 +266,29 @@ class Orchestrator:
             group = await run_episode_group(request, self.episodes(env, rewards), self.vocab_size)
         except GroupAborted as error:
             self.aborted_groups += 1
+            self.aborted_in_a_row += 1
+            if self.aborted_in_a_row >= self.gave_up_on_aborts:
+                servers = ", ".join(server.base_url for server in self.clients.servers)
+                raise RuntimeError(
+                    f"orchestrator: {self.aborted_in_a_row} groups in a row were aborted by the "
+                    f"inference servers ({servers}), each on every attempt ({error}): they cut "
+                    "every request short (paused with mode=abort and never resumed, or shutting "
+                    "down), so no batch can be made"
+                ) from error
             logger.warning("orchestrator: a group is dropped: %s", error)
             return None
+        self.aborted_in_a_row = 0
         group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
         return group
+
+    @property
+    def gave_up_on_aborts(self) -> int:
+        """Aborted groups in a row after which the run stops with the servers' names instead of
+        launching groups for ever: four times the groups kept in flight (every group in flight
+        may be aborted by one weight update in abort mode, and each is asked three times), at
+        least 16."""
+        in_flight = self.config.batch_size * self.config.oversampling_factor
+        return max(16, 4 * math.ceil(in_flight / self.config.rollouts_per_example))
 
     def wanted(self, in_flight: int, ready: int, target: int) -> bool:
         """Launch another group? Keep `target` rollouts in flight; on-policy (k = 0), count the
