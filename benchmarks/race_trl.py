@@ -5,7 +5,8 @@ moment it started this process, so TRL's imports and model load count as asyncrl
 does. Every `--every` steps the policy's weights are saved (as asyncrl keeps its broadcasts),
 with the time since launch; the save is timed and reported apart. A callback times each step's
 parts: generation, scoring, the rest of preparing the batch, training. Stops at `--budget`
-seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`.
+seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`. The loss
+(`--loss-type`, `--epsilon`, `--epsilon-high`) is the workload's, mapped by the race to TRL's name.
 """
 
 from __future__ import annotations
@@ -102,6 +103,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="completions per step")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument(
+        "--loss-type", choices=["grpo", "dr_grpo", "dapo"], default="grpo",
+        help="TRL's name of the workload's loss (rl_vs_trl.TRL_LOSSES maps asyncrl's)",
+    )  # fmt: skip
+    parser.add_argument("--epsilon", type=float, default=0.2)
+    parser.add_argument("--epsilon-high", type=float, default=None)
     parser.add_argument("--bf16", action="store_true")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
@@ -124,7 +131,8 @@ def main() -> None:
         learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
         max_grad_norm=1.0, per_device_train_batch_size=args.batch,
         num_generations=args.group, max_completion_length=args.max_tokens,
-        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, loss_type="grpo", epsilon=0.2,
+        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, loss_type=args.loss_type,
+        epsilon=args.epsilon, epsilon_high=args.epsilon_high,
         scale_rewards="none", num_iterations=1, max_steps=1_000_000, logging_steps=10,
         save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
     )  # fmt: skip

@@ -41,7 +41,9 @@ from typing import Any
 
 from asyncrl.config.loading import load_config
 from asyncrl.config.rl import RLConfig
+from asyncrl.config.trainer import LossConfig
 from asyncrl.envs.registry import load_environment
+from asyncrl.fs import atomic_write_bytes
 from asyncrl.launch.inference_process import free_port
 from asyncrl.launch.local import thread_budget
 from asyncrl.precision import resolve_recipe
@@ -57,6 +59,9 @@ WORKLOADS = {
 }
 SYSTEMS = ("asyncrl", "asyncrl-onpolicy", "trl")
 ONPOLICY = ["--deployment", "colocated", "--max_async_level", "0"]
+# asyncrl's clipped losses and TRL's names for the same objective and normalisation (sequence
+# mean; 1 / (sequences · max_tokens); token mean): the race's losses must match
+TRL_LOSSES = {"grpo_clip": "grpo", "dr_grpo": "dr_grpo", "dapo": "dapo"}
 
 
 @dataclass
@@ -115,6 +120,23 @@ def run_asyncrl(
                decomposition, threads)  # fmt: skip
 
 
+def trl_loss_arguments(loss: LossConfig) -> list[str]:
+    """`race_trl.py`'s arguments for the workload's loss; a loss TRL has no match for stops the
+    race before it starts (a race of different objectives would not be one)."""
+    unmatched = loss.type not in TRL_LOSSES or loss.beta > 0
+    if loss.type == "dr_grpo" and loss.dr_grpo_length != "max_tokens":
+        unmatched = True  # TRL's dr_grpo divides by max_completion_length
+    if unmatched:
+        raise SystemExit(
+            f"trainer.loss {loss.type}: TRL races only {sorted(TRL_LOSSES)}, with beta 0 "
+            "(dr_grpo over max_tokens)"
+        )
+    arguments = ["--loss-type", TRL_LOSSES[loss.type], "--epsilon", str(loss.epsilon)]
+    if loss.epsilon_high is not None:
+        arguments += ["--epsilon-high", str(loss.epsilon_high)]
+    return arguments
+
+
 def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, every: int) -> Run:
     orchestrator, trainer = settings.orchestrator, settings.trainer
     command = [sys.executable, str(REPO / "benchmarks" / "race_trl.py"), "--sft", str(sft),
@@ -124,7 +146,8 @@ def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, 
                "--batch", str(orchestrator.batch_size),
                "--group", str(orchestrator.rollouts_per_example),
                "--max-tokens", str(orchestrator.sampling.max_tokens),
-               "--threads", str(len(os.sched_getaffinity(0)))]  # fmt: skip
+               "--threads", str(len(os.sched_getaffinity(0))),
+               *trl_loss_arguments(trainer.loss)]  # fmt: skip
     if resolve_recipe(trainer.recipe).recipe == "bf16":
         command.append("--bf16")
     out.mkdir(parents=True, exist_ok=True)
@@ -159,6 +182,29 @@ def earlier_runs(
     if differing:
         raise SystemExit(f"--merge {merge}: raced with other settings (then, now): {differing}")
     return list(runs), report["start"]
+
+
+def write_report(
+    args: argparse.Namespace,
+    settings: RLConfig,
+    settings_key: dict[str, Any],
+    start: dict[str, float],
+    results: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Summarise the runs so far into `race.json` and `race.png` in `--out`; return the report."""
+    batch = settings.orchestrator.batch_size
+    report = summarise(results, start, args.target_gain, batch, args.budget, args.out / "race.png")
+    report = {"benchmark": "rl_vs_trl", "workload": args.workload, "cpu": cpu_name(),
+              "start": start, **report,
+              "settings": {**settings_key, "completions_per_step": batch,
+                           "seeds": {system: sorted(r["seed"] for r in results
+                                                    if r["system"] == system)
+                                     for system in sorted({r["system"] for r in results})},
+                           "merged": str(args.merge) if args.merge else None}}  # fmt: skip
+    # whole or not at all: a race stopped mid-write still leaves the previous race.json
+    text = json.dumps({"report": report, "runs": results}, indent=1)
+    atomic_write_bytes(args.out / "race.json", text.encode())
+    return report
 
 
 def main() -> None:
@@ -199,6 +245,8 @@ def main() -> None:
     env = load_environment(settings.orchestrator.env[0].id, settings.orchestrator.env[0].args)
     max_tokens = int(settings.orchestrator.sampling.max_tokens or 64)
     every = dict(zip(SYSTEMS, args.every, strict=True))
+    if "trl" in args.systems:
+        trl_loss_arguments(settings.trainer.loss)  # before any run: TRL must race the same loss
     args.out.mkdir(parents=True, exist_ok=True)
     settings_key = {"budget_s": args.budget, "every": every, "prompts": args.prompts,
                     "config": WORKLOADS[args.workload], "set": args.set}  # fmt: skip
@@ -235,17 +283,10 @@ def main() -> None:
                       f"{points[-1] if points else None}", file=sys.stderr)  # fmt: skip
                 for snapshot in run.snapshots:  # scored: the weights are not needed any more
                     shutil.rmtree(snapshot["path"], ignore_errors=True)
-    batch = settings.orchestrator.batch_size
-    report = summarise(results, start, args.target_gain, batch, args.budget, args.out / "race.png")
-    report = {"benchmark": "rl_vs_trl", "workload": args.workload, "cpu": cpu_name(),
-              "start": start, **report,
-              "settings": {**settings_key, "completions_per_step": batch,
-                           "seeds": {system: sorted(r["seed"] for r in results
-                                                    if r["system"] == system)
-                                     for system in sorted({r["system"] for r in results})},
-                           "merged": str(args.merge) if args.merge else None}}  # fmt: skip
-    (args.out / "race.json").write_text(json.dumps({"report": report, "runs": results}, indent=1))
-    print(json.dumps(report))
+                # after every run, so an interrupted race keeps every run it scored (its
+                # race.json can be `--merge`d into the rest)
+                write_report(args, settings, settings_key, start, results)
+    print(json.dumps(write_report(args, settings, settings_key, start, results)))
 
 
 if __name__ == "__main__":
