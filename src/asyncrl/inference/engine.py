@@ -16,6 +16,7 @@ from collections.abc import Iterable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
 from asyncrl.inference.kv_cache import SlotKVCache
@@ -180,9 +181,11 @@ class Engine(EngineThread):
         produced += len(admitted)
         new = {id(s) for s in admitted}
         decoding = [s for s in self._running if id(s) not in new and s.finish_reason is None]
-        if decoding:
-            self._forward(decoding, prefill=False)
-            produced += len(decoding)
+        for batch in decode_passes(decoding):
+            live = [s for s in batch if s.finish_reason is None]  # not aborted meanwhile
+            if live:
+                self._forward(live, prefill=False)
+                produced += len(live)
         self.stats.record(produced, time.perf_counter() - started)
 
     def _admit(self) -> list[Sequence]:

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from asyncrl.inference import engine as engine_module
+from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.sampling import SamplingParams
 
@@ -99,3 +100,27 @@ def test_a_sampling_error_aborts_only_the_row_that_raised(
     engine.resume()
     assert marked.done.result(timeout=60)[0].finish_reason == "abort"
     assert other.done.result(timeout=60)[0].token_ids == alone.token_ids
+
+
+def test_decode_split_by_length_gives_the_tokens_and_logprobs_of_one_request_alone(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows decoded in separate passes by length (every split taken: `worth` 0) attend to their
+    own keys only, as one request alone does."""
+    passes: list[int] = []
+
+    def split_always(sequences: list) -> list[list]:  # every spared key position repays a pass
+        planned = decode_passes(sequences, worth=0)
+        passes.append(len(planned))
+        return planned
+
+    long, middle = [70 + i % 20 for i in range(300)], [90 + i % 5 for i in range(60)]
+    prompts = [long, [80], [75, 76, 77], middle]
+    alone = [engine.submit(p, GREEDY).done.result(timeout=60)[0] for p in prompts]
+    monkeypatch.setattr(engine_module, "decode_passes", split_always)
+    requests = [engine.submit(p, GREEDY) for p in prompts]
+    split = [r.done.result(timeout=60)[0] for r in requests]
+    assert max(passes) > 1
+    for one, other in zip(split, alone, strict=True):
+        assert one.token_ids == other.token_ids
+        assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
