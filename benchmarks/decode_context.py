@@ -1,11 +1,13 @@
 """What one long sequence costs every other row of the embedded engine's decode step.
 
-The engine decodes all running sequences in one batched forward pass through its slot KV cache
+The engine decodes running sequences in batched forward passes through its slot KV cache
 (`asyncrl/inference/kv_cache.py`): each layer gathers every row's keys and values up to the
-longest sequence in the batch and attends over them under a mask. With long-tailed answer
+longest sequence in the pass and attends over them under a mask. With long-tailed answer
 lengths (`examples/reverse_text_long`) there is nearly always one long sequence in flight, so
-every row pays for its length. This times a decode step (the model's forward pass alone, one
-core, bf16 where the CPU has it, as `engine_step.py`'s `bare`) for `--rows` rows:
+in a single pass every row pays for its length (what `inference/decode_plan.py`'s split by
+length avoids; its threshold is fitted from these figures). This times one pass (the model's
+forward pass alone, one core, bf16 where the CPU has it, as `engine_step.py`'s `bare`) for
+`--rows` rows:
 
 - `short`: every row at `--short` tokens of context;
 - `one_long`: the same, but one row at `--long` tokens;

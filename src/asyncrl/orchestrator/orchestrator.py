@@ -285,8 +285,8 @@ class Orchestrator:
     def gave_up_on_aborts(self) -> int:
         """Aborted groups in a row after which the run stops with the servers' names instead of
         launching groups for ever: four times the groups kept in flight (every group in flight
-        may be aborted by one weight update in abort mode, and each is asked three times), at
-        least 16."""
+        may be aborted by one weight update in abort mode, and each is asked `ABORT_RETRIES` + 1
+        times, `group.py`), at least 16."""
         in_flight = self.config.batch_size * self.config.oversampling_factor
         return max(16, 4 * math.ceil(in_flight / self.config.rollouts_per_example))
 
