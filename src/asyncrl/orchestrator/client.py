@@ -171,6 +171,13 @@ class ClientPool:
         server.state = "down"
         raise ServerDown(f"{url} failed after {retries} attempts: {last}")
 
+    async def ask_once(
+        self, server: Server, method: str, url: str, json: Any = None
+    ) -> httpx.Response:
+        """One request, its response whatever the status, the server's state untouched: for
+        asking what a server can do (a 5xx there is an answer, not an outage)."""
+        return await self.http.request(method, url, json=json)
+
     def least_loaded(self) -> Server:
         up = [server for server in self.servers if server.state == "up"] or self.servers
         return min(up, key=lambda server: server.in_flight)

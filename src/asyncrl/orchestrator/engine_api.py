@@ -4,7 +4,8 @@ server answers (`identify`), never by `if backend ==` at call sites.
 - identified by: GET /version says `engine: asyncrl` (embedded), or gives only a version
   (vLLM); SGLang answers GET /get_model_info instead.
 - generation: the OpenAI routes (embedded, vLLM); SGLang's /generate, translated both ways.
-- full weights: POST /update_weights (embedded); /collective_rpc `reload_weights` then
+- full weights: POST /update_weights (embedded); /collective_rpc `asyncrl_reload_weights`
+  (asyncrl's worker extension: vLLM's `reload_weights`, then a tied LM head repacked) then
   /reset_prefix_cache (vLLM); /update_weights_from_disk then /flush_cache (SGLang).
 - LoRA: /v1/load_lora_adapter in place (embedded, vLLM); unload then load (SGLang).
 - pause / resume: /pause?mode= and /resume (embedded, vLLM); /pause_generation and
@@ -57,6 +58,9 @@ class EngineAPI:
 
     name: ClassVar[str] = "vllm"
     per_token_versions: ClassVar[bool] = False  # does each token carry the weights' version
+    # the worker method that reloads full weights: asyncrl's extension's unless the server was
+    # started without it and the model has no tied head (`startup_checks.check_engine_limits`)
+    reload_method: str = "asyncrl_reload_weights"
 
     async def generate(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         """An OpenAI chat or text completion response for `body` (`n` choices)."""
@@ -75,7 +79,7 @@ class EngineAPI:
         await asyncio.sleep(timeout)
 
     async def load_full(self, weight_dir: str, step: int) -> None:
-        body = {"method": "reload_weights", "kwargs": {"weights_path": weight_dir}}
+        body = {"method": self.reload_method, "kwargs": {"weights_path": weight_dir}}
         await self.request("POST", f"{self.root}/collective_rpc", body)
         await self.request("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
         await self._set_version(step)

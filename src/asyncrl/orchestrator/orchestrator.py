@@ -47,8 +47,8 @@ from asyncrl.orchestrator.group import Group, GroupAborted, GroupRequest
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.progress import maybe_checkpoint, resume
 from asyncrl.orchestrator.startup_checks import (
+    check_engine_limits,
     refuse_environments_without_step_rewards,
-    warn_about_engine_limits,
 )
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
@@ -165,7 +165,7 @@ class Orchestrator:
         clear_finished(self.run_dir)
         sender = batch_sender(config.rollout_transport, self.run_dir)
         await self.clients.start(self.model_name)
-        warn_about_engine_limits(self.clients, self.model_name)
+        await check_engine_limits(self.clients, self.model_name)
         pools = {
             id(pool): pool for pool in [*self.rewards, *(t.rewards for t in self.eval_targets)]
         }

