@@ -2,10 +2,10 @@
 
 The decoder runs once over the packed rows; the LM head then runs over the hidden states of the
 positions that predict a loss token only, in chunks of `chunk_size` tokens, each chunk under
-activation checkpointing. So the `[tokens × vocab]` logits never exist at once, neither in the
-forward pass nor among the tensors autograd keeps for the backward pass (it recomputes one
-chunk's logits at a time). Logits are divided by each token's sampling temperature before the
-softmax, as the inference engine did when it sampled.
+activation checkpointing when there are several. So the `[tokens × vocab]` logits never exist at
+once, neither in the forward pass nor among the tensors autograd keeps for the backward pass (it
+recomputes one chunk's logits at a time). Logits are divided by each token's sampling
+temperature before the softmax, as the inference engine did when it sampled.
 
 Assumes logits = lm_head(final hidden state), true of Llama- and Qwen-family models; a model
 that post-processes logits (soft-capping, scaling) needs that step added here.
@@ -109,7 +109,10 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
         temperatures = temperature[:, 1:][targets_mask].float()
     else:
         temperatures = torch.full(targets.shape, float(temperature), device=targets.device)
-    if chunk_size is None:
+    if chunk_size is None or targets.shape[0] <= chunk_size:
+        # one chunk: recomputing it in the backward pass (checkpointing) would hold no less
+        # memory at the peak, where its logits and their gradient coexist either way, and would
+        # run the head and the entropy twice (a real vocabulary makes that ~6 % of a step)
         return _chunk(head, hidden, targets, temperatures)
     pieces = [
         checkpoint(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from asyncrl.trainer.packing import PackedBatch, Sample
+from asyncrl.trainer.packing import PackedBatch, Sample, row_width
 
 PREFIX_BRANCH = 0
 
@@ -62,14 +62,24 @@ def collate_shared_rows(
     seq_len: int,
     pad_token_id: int,
 ) -> tuple[PackedBatch, dict[int, tuple[int, int, int]]]:
-    """Rows of units laid out as prompt + completions, padded; and each member's completion
-    span `(row, start, end)` in the packed rows."""
-    shape = (len(rows), seq_len)
+    """Rows of units laid out as prompt + completions, padded to the longest row's width; and
+    each member's completion span `(row, start, end)` in the packed rows."""
+    longest = max(
+        (
+            sum(prompt_lengths[unit[0]] + sum(
+                len(samples[m].input_ids) - prompt_lengths[unit[0]] for m in unit
+            ) for unit in units)
+            for units in rows
+        ),
+        default=1,
+    )  # fmt: skip
+    width = row_width(longest, seq_len)
+    shape = (len(rows), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)
     loss_mask = torch.zeros(shape, dtype=torch.bool)
     sample_index = torch.full(shape, -1, dtype=torch.long)
-    predictor = torch.arange(seq_len).sub(1).clamp(min=0).repeat(len(rows), 1)
+    predictor = torch.arange(width).sub(1).clamp(min=0).repeat(len(rows), 1)
     unit_id = torch.full(shape, -1, dtype=torch.long)  # padding: its own unit per row
     branch = torch.zeros(shape, dtype=torch.long)
     spans: dict[int, tuple[int, int, int]] = {}
@@ -103,7 +113,7 @@ def collate_shared_rows(
                     predictor[row, offset] = last_prompt_token
                 spans[member] = (row, offset, end)
                 offset = end
-        position_ids[row, offset:] = torch.arange(seq_len - offset)
+        position_ids[row, offset:] = torch.arange(width - offset)
     return PackedBatch(
         input_ids, position_ids, loss_mask, sample_index,
         attention_mask=shared_attention_mask(unit_id, branch), predictor=predictor,
