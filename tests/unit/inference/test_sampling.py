@@ -85,3 +85,21 @@ def test_sampling_follows_the_distribution() -> None:
     torch.manual_seed(0)
     share = sample(logits, rows, []).tokens.float().mean().item()
     assert share == pytest.approx(0.75, abs=0.03)  # 4000 draws: std 0.007
+
+
+def test_draws_follow_a_wide_distribution_and_never_take_a_removed_token() -> None:
+    """The inverse-CDF draw against the distribution itself: 20,000 rows over a 300-token
+    vocabulary whose top-k keeps 40 tokens (the rest have probability 0)."""
+    generator = torch.Generator().manual_seed(1)
+    base = torch.randn(1, 300, generator=generator) * 2
+    rows = 20_000
+    params = SamplingParams(top_k=40, temperature=0.8)
+    torch.manual_seed(0)
+    result = sample(base.repeat(rows, 1), [view(params) for _ in range(rows)], [])
+    expected = torch.softmax(process_logits(base, [view(params)], []), dim=-1)[0]
+    counts = torch.bincount(result.tokens, minlength=300).float()
+    assert counts[expected == 0].sum() == 0
+    kept = expected > 0
+    chi_square = ((counts[kept] - rows * expected[kept]) ** 2 / (rows * expected[kept])).sum()
+    assert chi_square < 80  # 39 degrees of freedom: the 99.9th percentile is 72.1
+    assert torch.allclose(result.logprobs, torch.log(expected[result.tokens]), atol=1e-5)
