@@ -134,8 +134,10 @@ class InferenceConfig(StrictModel):
     kv_cache_memory_bytes: int | None = Field(
         None,
         gt=0,
-        description="(vllm) KV cache size in bytes instead of `gpu_memory_utilization` (on CPU, "
-        "134217728 keeps a tiny model's server near 2 GB).",
+        description="KV cache size in bytes. vLLM: instead of `gpu_memory_utilization` (on CPU, "
+        "134217728 keeps a tiny model's server near 2 GB). Embedded: the most its slots may take "
+        "(null = a quarter of the machine's memory, or half the GPU's free memory); "
+        "`max_num_seqs` is lowered, with a warning, to the slots of `max_model_len` that fit.",
     )
     rope_scaling: dict[str, Any] | None = Field(
         None, description="RoPE scaling configuration passed to the model config."

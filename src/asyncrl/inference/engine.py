@@ -8,6 +8,7 @@ running batch between decode steps, and finished ones leave it at once.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections import deque
@@ -67,6 +68,9 @@ class Engine(EngineThread):
             device=self.device,
         )
         self.prefix_cache = PrefixCache(self.cache) if prefix_caching else None
+        # transformers 5.24 renamed the argument (`past_key_values` is deprecated there)
+        forward_arguments = inspect.signature(model.forward).parameters
+        self._cache_argument = "cache" if "cache" in forward_arguments else "past_key_values"
         eos = model.generation_config.eos_token_id if model.generation_config else None
         eos_ids = eos if isinstance(eos, list) else [eos] if eos is not None else []
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
@@ -253,15 +257,21 @@ class Engine(EngineThread):
             starts = [s.cached_len for s in run]
         slots = [s.slot for s in run]  # kept: a sequence aborted meanwhile loses its slot
         self.cache.prepare(slots, starts, width)  # type: ignore[arg-type]
+        last = torch.tensor(lengths, device=self.device) - 1
+        # the LM head runs at each row's last position only (a prompt's others predict nothing):
+        # at a real vocabulary it is a fifth of a token's work, and [rows, width, vocab] logits
+        # of a long prefill would be hundreds of MB
+        positions = torch.unique(last)  # sorted: row i's logits are at searchsorted(…, last[i])
         logits = self.model(
             input_ids=torch.tensor(rows, device=self.device),
             position_ids=self.cache.position_ids(),
             attention_mask=self.cache.attention_mask(),
-            past_key_values=self.cache,
             use_cache=True,
-        ).logits  # [rows, width, vocab]
-        last = torch.tensor(lengths, device=self.device) - 1
-        step_logits = logits[torch.arange(len(run), device=self.device), last]
+            logits_to_keep=positions,
+            **{self._cache_argument: self.cache},
+        ).logits  # [rows, len(positions), vocab]
+        kept = torch.searchsorted(positions, last)
+        step_logits = logits[torch.arange(len(run), device=self.device), kept]
         if source is not None and len(run) < len(sequences):
             for sequence, row in zip(sequences, source, strict=True):
                 if sequence is not run[row] and sequence.slot is not None:

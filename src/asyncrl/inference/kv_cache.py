@@ -7,13 +7,33 @@ calls `update`, which writes the new keys/values there and returns the keys/valu
 up to the longest one. A 4-D boolean mask built by `attention_mask` hides each slot's unused
 tail and keeps attention causal, so rows of different lengths share one batched pass.
 
-It is passed to a transformers model as `past_key_values`: in transformers 5 the attention layers
-only call `update(key_states, value_states, layer_idx)`, and a ready 4-D mask is used as is.
+It is passed to a transformers model as `cache` (`past_key_values` before 5.24): in transformers 5
+the attention layers only call `update(key_states, value_states, layer_idx)`, and a ready 4-D
+mask is used as is.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import torch
+
+
+def slot_bytes(config: Any, max_len: int, dtype: torch.dtype) -> int:
+    """Bytes one slot of `max_len` positions takes: keys and values of every layer."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    size = torch.empty(0, dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * kv_heads * max_len * head_dim * size
+
+
+def default_budget(device: torch.device) -> int:
+    """A quarter of the machine's memory; on a GPU, half of what is free."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 2)
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 4
 
 
 class SlotKVCache:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,11 +22,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.api_errors import APIError, error_response
 from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
 from asyncrl.inference.engine import Engine
+from asyncrl.inference.kv_cache import default_budget, slot_bytes
 from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
 from asyncrl.inference.weight_receiver import WeightReceiverThread
@@ -54,7 +57,7 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
     engine = Engine(
         model,
         tokenizer,
-        max_num_seqs=config.max_num_seqs,
+        max_num_seqs=slots_that_fit(config, model, max_model_len, dtype),
         max_model_len=max_model_len,
         max_num_batched_tokens=config.max_num_batched_tokens,
         prefix_caching=bool(config.enable_prefix_caching),
@@ -66,6 +69,30 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
     )
+
+
+def slots_that_fit(
+    config: InferenceConfig, model: torch.nn.Module, max_model_len: int, dtype: torch.dtype
+) -> int:
+    """`max_num_seqs`, or fewer where that many slots of `max_model_len` positions would pass the
+    KV cache budget (a model's own context, 8,192 for SmolLM2, makes a slot 377 MB)."""
+    per_slot = slot_bytes(model.config, max_model_len, dtype)
+    budget = config.kv_cache_memory_bytes or default_budget(torch.device(default_device()))
+    slots = min(config.max_num_seqs, budget // per_slot)
+    if slots < 1:
+        raise ConfigError(
+            f"inference: one KV cache slot of max_model_len {max_model_len} takes "
+            f"{per_slot / 2**20:.0f} MiB, over the {budget / 2**20:.0f} MiB budget; lower "
+            "`max_model_len` or raise `kv_cache_memory_bytes`"
+        )
+    if slots < config.max_num_seqs:
+        logger.warning(
+            "inference: max_num_seqs %d lowered to %d: each slot of max_model_len %d takes "
+            "%.0f MiB and the KV cache budget is %.0f MiB (set max_model_len, or "
+            "kv_cache_memory_bytes)", config.max_num_seqs, slots, max_model_len,
+            per_slot / 2**20, budget / 2**20,
+        )  # fmt: skip
+    return int(slots)
 
 
 def build_app(
