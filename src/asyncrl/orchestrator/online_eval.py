@@ -132,11 +132,13 @@ class OnlineEval:
         played as in training (`episode.py`) with the eval's sampling."""
         sampling = self.config.sampling
         seed = None if sampling.seed is None else sampling.seed + example.example_id
-        request = GroupRequest(
-            Drawn(0, example), target.name, self.model_name(), sampling.temperature, seed,
-            launch_version,
-        )  # fmt: skip
         async with self.limit:
+            # the name as the request leaves, not as it queued: a LoRA run's first adapter may
+            # have been loaded meanwhile, and the server refuses the base name once it is merged
+            request = GroupRequest(
+                Drawn(0, example), target.name, self.model_name(), sampling.temperature, seed,
+                launch_version,
+            )  # fmt: skip
             group = await run_episode_group(request, target.episodes, vocab_size=0)
         return [
             (reward, [v for v, m in zip(s.policy_versions, s.completion_mask, strict=True) if m])
