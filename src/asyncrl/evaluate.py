@@ -39,6 +39,7 @@ class EvalResult:
     mean_reward: float
     rewards: list[float]  # example-major: the k samples of example 0, then of example 1…
     completions: list[str]
+    examples: list[Example]  # the held-out examples, each once, in order
 
 
 @torch.no_grad()
@@ -95,11 +96,8 @@ def evaluate(
 ) -> EvalResult:
     was_training = model.training
     model.eval()
-    examples = [
-        example
-        for example in env.examples("eval", num_examples)
-        for _ in range(rollouts_per_example)
-    ]
+    held_out = env.examples("eval", num_examples)
+    examples = [example for example in held_out for _ in range(rollouts_per_example)]
     if is_multi_turn(env):  # scored on whole episodes; a completion is the model's turns
         episodes = play_episodes(
             model, tokenizer, env, examples, max_tokens=max_tokens, temperature=temperature,
@@ -111,7 +109,7 @@ def evaluate(
             for episode in episodes
         ]
         model.train(was_training)
-        return EvalResult(statistics.fmean(rewards), rewards, completions)
+        return EvalResult(statistics.fmean(rewards), rewards, completions, held_out)
     completions = generate_completions(
         model,
         tokenizer,
@@ -125,7 +123,7 @@ def evaluate(
         score(env, text, example) for text, example in zip(completions, examples, strict=True)
     ]
     model.train(was_training)
-    return EvalResult(statistics.fmean(rewards), rewards, completions)
+    return EvalResult(statistics.fmean(rewards), rewards, completions, held_out)
 
 
 @dataclass(frozen=True)
@@ -198,12 +196,33 @@ def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
         ]
         step = step_of(Path(name)) if isinstance(name, Path) else None
         record = summarize(env.name, per_example, config.pass_threshold, step or 0)
+        record |= format_record(env, result, k)
         scored.append(ScoredModel(str(name), step, result, record))
         if config.metrics_file:
             MetricsWriter(config.metrics_file, role="eval").log(step or 0, record)
     mode = "greedy" if config.temperature == 0 else f"temperature {config.temperature}"
     logger.info("%d held-out %s prompts (%s)", config.num_examples, env.name, mode)
     return scored
+
+
+def format_record(env: Environment, result: EvalResult, k: int) -> dict[str, float]:
+    """`format@k` (share of samples giving an answer in the asked form) and
+    `mean_if_formatted@k` (their mean reward), for environments that can tell
+    (`formatted(completion, example)`): a gain in form is then told from one in skill."""
+    formatted = getattr(env, "formatted", None)
+    if formatted is None or not result.completions:
+        return {}
+    examples = [e for e in result.examples for _ in range(k)]
+    shaped = [
+        bool(formatted(text, example))
+        for text, example in zip(result.completions, examples, strict=True)
+    ]
+    among = [reward for reward, ok in zip(result.rewards, shaped, strict=True) if ok]
+    prefix = f"eval/{env.name}"
+    return {
+        f"{prefix}/format@{k}": statistics.fmean(shaped),
+        f"{prefix}/mean_if_formatted@{k}": statistics.fmean(among) if among else 0.0,
+    }
 
 
 def table(scored: list[ScoredModel]) -> str:

@@ -27,6 +27,7 @@ process boundary.
 from __future__ import annotations
 
 import importlib
+import re
 from functools import lru_cache
 from typing import Any, Literal
 
@@ -35,6 +36,7 @@ from asyncrl.envs.base import Example, Messages, RewardFunction, Split, split_of
 PREFIX = "reasoning-gym/"
 DEFAULT_SIZE = 10_000  # items a dataset is built with unless `size` is given (some precompute)
 AnswerFormat = Literal["tag", "plain"]
+NUMBER = re.compile(r"[+-]?\d[\d,]*(\.\d+)?")  # what reasoning-gym's numeric scorers read
 
 
 class ReasoningGymError(ValueError):
@@ -154,6 +156,20 @@ class ReasoningGymEnv:
                 return 0.0
 
         return scored
+
+    def formatted(self, completion: str, example: Example) -> bool:
+        """Whether the completion gives an answer in the asked form, right or wrong: an
+        `<answer>` block (`tag`), or (`plain`) nothing but an answer shaped like the item's own
+        (a number for a numeric answer, else as many words). What `asyncrl eval` reports as
+        `format`, apart from the reward, so that a gain in form is told from one in skill."""
+        answer = self.answer_in(completion)
+        if answer is None:
+            return False
+        if self.answer_format == "tag":
+            return True
+        if NUMBER.fullmatch(example.answer.strip()):
+            return NUMBER.fullmatch(answer) is not None
+        return bool(answer) and len(answer.split()) <= len(example.answer.split())
 
     def demonstration(self, example: Example) -> Messages:
         """The item's own answer as the model should write it (the supervised warm-up)."""

@@ -116,3 +116,32 @@ def test_asking_for_more_prompts_than_the_items_hold_says_raise_size() -> None:
     env = load_environment("reasoning-gym/chain_sum", {"size": 16})
     with pytest.raises(ValueError, match="raise `size`"):
         env.examples("eval", 10)
+
+
+@pytest.mark.parametrize(
+    ("answer_format", "completion", "formatted"),
+    [
+        ("tag", "3 + 4 = 7\n<answer>7</answer>", True),
+        ("tag", "<answer>12</answer>", True),  # wrong, but in the asked form
+        ("tag", "3 + 4 = 7", False),  # right, but not in the form the reward reads
+        ("plain", "7", True),
+        ("plain", " -12 ", True),
+        ("plain", "3 + 4 = 7", False),
+        ("plain", "The answer is 7.", False),
+    ],
+)
+def test_format_is_the_answers_form_whatever_its_value(
+    answer_format: str, completion: str, formatted: bool
+) -> None:
+    env = load_environment(
+        "reasoning-gym/chain_sum", {"max_terms": 2, "max_digits": 1, "answer_format": answer_format}
+    )
+    example = env.examples("eval", 1)[0]
+    assert env.formatted(completion, example) is formatted
+
+
+def test_a_word_answer_is_formatted_when_it_has_no_more_words_than_the_item_s() -> None:
+    env = load_environment("reasoning-gym/spell_backward", {"answer_format": "plain"})
+    example = env.examples("eval", 1)[0]
+    assert env.formatted(example.answer, example)
+    assert not env.formatted(f"It is {example.answer} backwards", example)
