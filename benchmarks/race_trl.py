@@ -6,7 +6,8 @@ does. Every `--every` steps the policy's weights are saved (as asyncrl keeps its
 with the time since launch; the save is timed and reported apart. A callback times each step's
 parts: generation, scoring, the rest of preparing the batch, training. Stops at `--budget`
 seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`. The loss
-(`--loss-type`, `--epsilon`, `--epsilon-high`) is the workload's, mapped by the race to TRL's name.
+(`--loss-type`, `--epsilon`, `--epsilon-high`) is the workload's, mapped by the race to TRL's name,
+and so are LoRA's rank, alpha and target modules (`--lora-rank`; snapshots are then adapters).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from asyncrl.envs.base import score
 from asyncrl.envs.registry import load_environment
 
 LAUNCHED = float(os.environ.get("RACE_LAUNCHED_AT", time.time()))  # wall clock at launch
@@ -103,6 +105,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32, help="completions per step")
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--examples", type=int, default=20_000, help="training prompts drawn")
     parser.add_argument(
         "--loss-type", choices=["grpo", "dr_grpo", "dapo"], default="grpo",
         help="TRL's name of the workload's loss (rl_vs_trl.TRL_LOSSES maps asyncrl's)",
@@ -110,19 +114,21 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=0.2)
     parser.add_argument("--epsilon-high", type=float, default=None)
     parser.add_argument("--bf16", action="store_true")
+    parser.add_argument("--lora-rank", type=int, default=0, help="0: full fine-tuning")
+    parser.add_argument("--lora-alpha", type=float, default=32.0)
+    parser.add_argument("--lora-targets", nargs="*", default=[])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     env = load_environment(args.env, json.loads(args.env_args))
-    examples = env.examples("train", 20_000)
-    dataset = Dataset.from_list([{"prompt": e.prompt, "answer": e.answer} for e in examples])
-    by_answer = {e.answer: e for e in examples}
+    examples = env.examples("train", args.examples)
+    dataset = Dataset.from_list([{"prompt": e.prompt, "index": i} for i, e in enumerate(examples)])
 
-    def reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
+    def reward(completions: list[Any], index: list[int], **_: Any) -> list[float]:
         return [
-            env.reward(completion[0]["content"], by_answer[expected])
-            for completion, expected in zip(completions, answer, strict=True)
+            score(env, completion[0]["content"], examples[position])
+            for completion, position in zip(completions, index, strict=True)
         ]
 
     reward.__name__ = env.rubric[0].name
@@ -131,16 +137,25 @@ def main() -> None:
         learning_rate=args.lr, lr_scheduler_type="constant", weight_decay=0.0,
         max_grad_norm=1.0, per_device_train_batch_size=args.batch,
         num_generations=args.group, max_completion_length=args.max_tokens,
-        temperature=1.0, top_k=0, top_p=1.0, beta=0.0, loss_type=args.loss_type,
+        temperature=args.temperature, top_k=0, top_p=1.0, beta=0.0, loss_type=args.loss_type,
         epsilon=args.epsilon, epsilon_high=args.epsilon_high,
         scale_rewards="none", num_iterations=1, max_steps=1_000_000, logging_steps=10,
         save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
     )  # fmt: skip
     spans = Spans()
     callback = RaceCallback(spans, out, args.every, args.budget)
+    peft_config = None
+    if args.lora_rank:  # the workload's adapters: same rank, alpha and target modules
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(
+            r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
+            target_modules=args.lora_targets, task_type="CAUSAL_LM",
+        )  # fmt: skip
     trainer = GRPOTrainer(
         model=args.sft, reward_funcs=reward, args=config, train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(args.sft), callbacks=[callback],
+        peft_config=peft_config,
     )  # fmt: skip
     # the parts of a step: generation and scoring inside the batch's preparation, the rest of
     # that preparation (logprobs, advantages), and the training step around it

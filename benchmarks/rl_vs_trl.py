@@ -56,6 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKLOADS = {
     "quickstart": "examples/reverse_text/rl.yaml",
     "long": "examples/reverse_text_long/rl.yaml",
+    "smollm2": "examples/smollm2_chain_sum/rl.yaml",
 }
 SYSTEMS = ("asyncrl", "asyncrl-onpolicy", "trl")
 ONPOLICY = ["--deployment", "colocated", "--max_async_level", "0"]
@@ -137,7 +138,9 @@ def trl_loss_arguments(loss: LossConfig) -> list[str]:
     return arguments
 
 
-def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, every: int) -> Run:
+def run_trl(
+    seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, every: int, examples: int
+) -> Run:
     orchestrator, trainer = settings.orchestrator, settings.trainer
     command = [sys.executable, str(REPO / "benchmarks" / "race_trl.py"), "--sft", str(sft),
                "--out", str(out), "--env", orchestrator.env[0].id,
@@ -146,10 +149,15 @@ def run_trl(seed: int, settings: RLConfig, sft: Path, out: Path, budget: float, 
                "--batch", str(orchestrator.batch_size),
                "--group", str(orchestrator.rollouts_per_example),
                "--max-tokens", str(orchestrator.sampling.max_tokens),
+               "--temperature", str(orchestrator.sampling.temperature),
+               "--examples", str(examples),
                "--threads", str(len(os.sched_getaffinity(0))),
                *trl_loss_arguments(trainer.loss)]  # fmt: skip
     if resolve_recipe(trainer.recipe).recipe == "bf16":
         command.append("--bf16")
+    if trainer.lora:
+        command += ["--lora-rank", str(trainer.lora_rank), "--lora-alpha", str(trainer.lora_alpha),
+                    "--lora-targets", *trainer.lora_target_modules]  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "RACE_LAUNCHED_AT": repr(time.time()), "PYTHONPATH": str(REPO)}
     with open(out.parent / f"{out.name}.log", "wb") as log:
@@ -227,6 +235,10 @@ def main() -> None:
         help="steps between snapshots: asyncrl, asyncrl-onpolicy, trl",
     )
     parser.add_argument("--target-gain", type=float, default=0.1)
+    parser.add_argument(
+        "--examples", type=int, default=20_000,
+        help="training prompts TRL's dataset holds (a small reasoning-gym task holds fewer)",
+    )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=1024, help="held-out prompts scored")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     parser.add_argument("--out", type=Path, default=Path("outputs/race"))
@@ -255,8 +267,8 @@ def main() -> None:
     for run in results:
         if run["system"] in args.systems and run["seed"] in seeds:
             raise SystemExit(f"{run['system']} seed {run['seed']} is already in {args.merge}")
-    with snapshot_scorer(args.sft, args.out, env, args.prompts, max_tokens,
-                         args.out / "scorer.log") as scorer:  # fmt: skip
+    with snapshot_scorer(args.sft, args.out, env, args.prompts, max_tokens, args.out / "scorer.log",
+                         settings.orchestrator.sampling.temperature) as scorer:  # fmt: skip
         start = scorer.score(None)
         print(f"SFT model: {start}", file=sys.stderr)
         if earlier_start is not None and any(
@@ -269,7 +281,8 @@ def main() -> None:
                 out = args.out / f"{system}-seed{seed}"
                 shutil.rmtree(out, ignore_errors=True)
                 if system == "trl":
-                    run = run_trl(seed, settings, args.sft, out, args.budget, every[system])
+                    run = run_trl(seed, settings, args.sft, out, args.budget, every[system],
+                                  args.examples)  # fmt: skip
                 else:
                     run = run_asyncrl(system, seed, config, overrides, out, args.budget,
                                       every[system])  # fmt: skip
