@@ -75,6 +75,20 @@ demo: setup
 		--model $$(ls -d $(DEMO_DIR)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
 	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
 
+# the second quick start: RL of SmolLM2-135M-Instruct on reasoning-gym's chain_sum, before/after
+# (RL_ARGS: overrides for `asyncrl rl`, e.g. "--trainer.recipe fp32 --inference.dtype float32")
+SMOLLM2_DEMO ?= outputs/smollm2
+RL_ARGS ?=
+demo-smollm2: smollm2
+	@echo "== held-out reward before RL (sampled at 0.7; format@2: share of answers in <answer> tags) =="
+	$(BIN)/asyncrl eval examples/smollm2_chain_sum/eval.yaml --model $(SMOLLM2)
+	rm -rf $(SMOLLM2_DEMO)/rl
+	$(BIN)/asyncrl rl examples/smollm2_chain_sum/rl.yaml --model $(SMOLLM2) --output_dir $(SMOLLM2_DEMO)/rl $(RL_ARGS)
+	@echo "== held-out reward after RL =="
+	$(BIN)/asyncrl eval examples/smollm2_chain_sum/eval.yaml --base_model $(SMOLLM2) --tokenizer $(SMOLLM2) \
+		--model $$(ls -d $(SMOLLM2_DEMO)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
+	$(BIN)/asyncrl plot $(SMOLLM2_DEMO)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(SMOLLM2_DEMO)/rl/plot.png
+
 # every test, the engine contract suite against real vLLM included (no skip allowed)
 # (the two venvs install side by side: pip is single-threaded and this saves minutes of CI)
 # PYTEST_ARGS=--record-durations: this run's times become tests/usual_durations.json
