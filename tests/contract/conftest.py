@@ -9,12 +9,15 @@ sets it), which turns the skip into a failure.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.launch.inference_process import inference_server
@@ -106,3 +109,20 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     test, the Ray tests included. It stops when the next test is not one of the contract's."""
     if nextitem is None or Path(str(nextitem.path)).parent != Path(__file__).parent:
         _STARTED.close()
+
+
+def run_rl(config: dict, tmp_path: Path) -> Path:
+    """`asyncrl rl` on `config` (written to `tmp_path/rl.yaml`), with this folder's test
+    environments importable (`test/tool-turns-env`); the run directory once it has finished."""
+    path = tmp_path / "rl.yaml"
+    path.write_text(yaml.safe_dump(config))
+    here = Path(__file__).resolve().parent
+    python_path = os.pathsep.join([str(here), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
+    result = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "rl", str(path)], capture_output=True, text=True,
+        timeout=1500, env={**os.environ, "PYTHONPATH": python_path},
+    )  # fmt: skip
+    output = Path(config["output_dir"])
+    logs = "".join(p.read_text()[-2000:] for p in sorted((output / "logs").glob("*.log")))
+    assert result.returncode == 0, result.stderr[-2000:] + logs
+    return output / "run_default"

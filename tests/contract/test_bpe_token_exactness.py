@@ -13,15 +13,11 @@ float32 noise."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from tests.contract.conftest import REPO, required_vllm_python
+from tests.contract.conftest import required_vllm_python, run_rl
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.launch.inference_process import free_port
@@ -70,19 +66,7 @@ def rl_config(deployment: str, model: Path, output: Path) -> dict:
 def test_the_trainer_scores_exactly_the_sampled_bpe_tokens(
     deployment: str, tiny_bpe_dir: Path, tmp_path: Path
 ) -> None:
-    output = tmp_path / "run"
-    path = tmp_path / "rl.yaml"
-    path.write_text(yaml.safe_dump(rl_config(deployment, tiny_bpe_dir, output)))
-    here = Path(__file__).resolve().parent  # the test environment's module
-    python_path = os.pathsep.join([str(here), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "rl", str(path)], capture_output=True, text=True,
-        timeout=1500, env={**os.environ, "PYTHONPATH": python_path},
-    )  # fmt: skip
-    logs = "".join(p.read_text()[-2000:] for p in sorted((output / "logs").glob("*.log")))
-    assert result.returncode == 0, result.stderr[-2000:] + logs
-
-    run = output / "run_default"
+    run = run_rl(rl_config(deployment, tiny_bpe_dir, tmp_path / "run"), tmp_path)
     trainer = read_metrics(run / "metrics.jsonl", role="trainer")
     orchestrator = read_metrics(run / "metrics.jsonl", role="orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))

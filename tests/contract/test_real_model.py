@@ -16,15 +16,11 @@ the trip (a completion's ids are trained as sampled, never re-encoded).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from tests.contract.conftest import REPO, required_vllm_python
+from tests.contract.conftest import required_vllm_python, run_rl
 from tests.contract.test_bpe_token_exactness import model_turns
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -84,19 +80,7 @@ def rl_config(layout: str, model: Path, output: Path) -> dict:
 def test_the_real_model_trains_on_policy_with_its_template_eos_and_tied_head(
     layout: str, smollm2_dir: Path, tmp_path: Path
 ) -> None:
-    output = tmp_path / "run"
-    path = tmp_path / "rl.yaml"
-    path.write_text(yaml.safe_dump(rl_config(layout, smollm2_dir, output)))
-    here = Path(__file__).resolve().parent  # the tool environment's module
-    python_path = os.pathsep.join([str(here), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "rl", str(path)], capture_output=True, text=True,
-        timeout=1500, env={**os.environ, "PYTHONPATH": python_path},
-    )  # fmt: skip
-    logs = "".join(p.read_text()[-2000:] for p in sorted((output / "logs").glob("*.log")))
-    assert result.returncode == 0, result.stderr[-2000:] + logs
-
-    run = output / "run_default"
+    run = run_rl(rl_config(layout, smollm2_dir, tmp_path / "run"), tmp_path)
     trainer = read_metrics(run / "metrics.jsonl", role="trainer")
     orchestrator = read_metrics(run / "metrics.jsonl", role="orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
