@@ -61,7 +61,7 @@ $(VLLM_STAMP): scripts/setup_vllm.sh pyproject.toml
 # .venv-bench: asyncrl plus TRL, for benchmarks/rl_vs_trl.py
 bench-setup:
 	VENV=.venv-bench bash scripts/setup.sh
-	.venv-bench/bin/python -m pip install --quiet -e ".[dev,bench]"
+	.venv-bench/bin/python -m pip install --quiet -e ".[dev,bench,reasoning-gym]"
 
 demo: setup
 	$(BIN)/asyncrl init-model --preset small --output_dir $(DEMO_DIR)/base

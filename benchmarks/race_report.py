@@ -34,6 +34,11 @@ def curve(run: dict[str, Any], start: float, x: str, batch: int) -> list[tuple[f
     return points
 
 
+def last(run: dict[str, Any], start: dict[str, float]) -> dict[str, float]:
+    """A run's last scored snapshot; the start's scores if it took none within the budget."""
+    return run["points"][-1] if run["points"] else start
+
+
 def summarise(
     results: list[dict[str, Any]],
     start: dict[str, float],
@@ -65,8 +70,8 @@ def summarise(
             "reached_target": f"{len(reached)}/{len(mine)}",
             "seconds_to_target": [None if c is None else round(c, 1) for c in crossings],
             "steps_per_s": round(statistics.fmean(r["steps"] for r in mine) / budget, 4),
-            "final_sampled": round(statistics.fmean(r["points"][-1]["sampled"] for r in mine), 4),
-            "final_greedy": round(statistics.fmean(r["points"][-1]["greedy"] for r in mine), 4),
+            "final_sampled": round(statistics.fmean(last(r, start)["sampled"] for r in mine), 4),
+            "final_greedy": round(statistics.fmean(last(r, start)["greedy"] for r in mine), 4),
             "decomposition": {
                 k: round(statistics.fmean(r["decomposition"].get(k, 0.0) for r in mine), 4)
                 for k in ("step", *PARTS, "generation_overlapped", "snapshot")
