@@ -115,10 +115,10 @@ def inverse_cdf(
 ) -> torch.Tensor:
     """One token per row drawn in proportion to `weights` [rows, vocab] (unnormalised
     probabilities) by inverting their cumulative sum at `uniform` [rows] in [0, 1): an exact
-    categorical draw, 20x cheaper on a CPU than
-    `torch.multinomial` at a 49k vocabulary (1.7 against 40 ms for 32 rows). `right=True`
-    never picks a token of probability 0 (its interval is empty); a draw that float rounding
-    puts past the last cumulative value takes `fallback` (the most likely token)."""
+    categorical draw, 20x cheaper on a CPU than `torch.multinomial` at a 49k vocabulary (1.7
+    against 40 ms for 32 rows). `right=True` never picks a token of probability 0 (its interval
+    is empty); a draw that float rounding puts past the last cumulative value takes `fallback`
+    (the most likely token)."""
     cumulative = weights.cumsum(dim=-1)
     targets = uniform.unsqueeze(1) * cumulative[:, -1:]
     drawn = torch.searchsorted(cumulative, targets, right=True).squeeze(1)
