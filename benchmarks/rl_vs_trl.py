@@ -93,9 +93,11 @@ def run_asyncrl(
     out: Path,
     budget: float,
     every: int,
+    max_steps: int,
 ) -> Run:
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), *overrides,
-               "--output_dir", str(out), "--max_steps", "1000000", "--orchestrator.eval", "null",
+               "--output_dir", str(out), "--max_steps", str(max_steps),
+               "--orchestrator.eval", "null",
                "--trainer.weights_interval", str(every), "--trainer.seed", str(seed),
                "--orchestrator.seed", str(seed), "--inference.port", str(free_port())]  # fmt: skip
     if system == "asyncrl-onpolicy":
@@ -236,6 +238,11 @@ def main() -> None:
     )
     parser.add_argument("--target-gain", type=float, default=0.1)
     parser.add_argument(
+        "--max-steps", type=int, default=1_000_000,
+        help="asyncrl's max_steps (it stops at the budget): its prompt pool scales with it, and "
+        "a small reasoning-gym task holds fewer prompts than a million steps ask for",
+    )  # fmt: skip
+    parser.add_argument(
         "--examples", type=int, default=20_000,
         help="training prompts TRL's dataset holds (a small reasoning-gym task holds fewer)",
     )  # fmt: skip
@@ -285,7 +292,7 @@ def main() -> None:
                                   args.examples)  # fmt: skip
                 else:
                     run = run_asyncrl(system, seed, config, overrides, out, args.budget,
-                                      every[system])  # fmt: skip
+                                      every[system], args.max_steps)  # fmt: skip
                 points = [{**s, **scorer.score(Path(s["path"]))} for s in run.snapshots]
                 results.append({
                     "system": system, "seed": seed, "steps": run.steps_in_budget,
