@@ -111,18 +111,27 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _STARTED.close()
 
 
-def run_rl(config: dict, tmp_path: Path) -> Path:
+def run_rl(config: dict, tmp_path: Path, timeout: float = 1500) -> Path:
     """`asyncrl rl` on `config` (written to `tmp_path/rl.yaml`), with this folder's test
-    environments importable (`test/tool-turns-env`); the run directory once it has finished."""
+    environments importable (`test/tool-turns-env`); the run directory once it has finished.
+    A run past `timeout` fails with the ends of its roles' logs, which say where it stood."""
     path = tmp_path / "rl.yaml"
     path.write_text(yaml.safe_dump(config))
     here = Path(__file__).resolve().parent
     python_path = os.pathsep.join([str(here), str(REPO / "src"), os.environ.get("PYTHONPATH", "")])
-    result = subprocess.run(
-        [sys.executable, "-m", "asyncrl.cli", "rl", str(path)], capture_output=True, text=True,
-        timeout=1500, env={**os.environ, "PYTHONPATH": python_path},
-    )  # fmt: skip
     output = Path(config["output_dir"])
-    logs = "".join(p.read_text()[-2000:] for p in sorted((output / "logs").glob("*.log")))
-    assert result.returncode == 0, result.stderr[-2000:] + logs
+
+    def logs() -> str:
+        return "".join(
+            f"\n== {p.name}\n{p.read_text()[-2000:]}" for p in sorted(output.glob("logs/*.log"))
+        )
+
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "asyncrl.cli", "rl", str(path)], capture_output=True,
+            text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": python_path},
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"asyncrl rl still running after {timeout:.0f} s; its logs:{logs()}")
+    assert result.returncode == 0, result.stderr[-2000:] + logs()
     return output / "run_default"
