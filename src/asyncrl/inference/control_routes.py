@@ -18,7 +18,10 @@ from asyncrl.inference.metrics import render_metrics
 from asyncrl.inference.served_model import ServedModel, WeightInfo
 from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
+from asyncrl.log import get_logger
 from asyncrl.types import PauseMode
+
+logger = get_logger(__name__)
 
 LONGEST_WAIT_S = 30.0  # a long-polled /weight_info answers within this, changed or not
 
@@ -55,10 +58,20 @@ def control_router(served: ServedModel) -> APIRouter:
     router = APIRouter()
 
     async def weights_call(function: Callable[..., WeightInfo], *args: Any) -> dict[str, Any]:
+        """A bad request is a 400; a load that broke inside the engine is a 422, not a 5xx:
+        clients take a 5xx for a server that is down and retry it forever, while this load
+        fails again each time (a LoRA delta on the wrong device did on the first GPU run)."""
         try:
             info = await asyncio.to_thread(function, *args)
         except WeightLoadError as error:
             raise APIError(400, str(error)) from error
+        except Exception as error:
+            logger.exception("inference: loading weights failed")
+            message = (
+                f"loading weights failed in the engine ({type(error).__name__}: {error}); the "
+                "served weights may be partly updated: restart this server"
+            )
+            raise APIError(422, message) from error
         return _info(info)
 
     @router.post("/update_weights")

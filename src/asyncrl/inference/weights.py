@@ -191,4 +191,4 @@ def apply_lora(
             parameters[name].copy_(base)
         if adapter is not None:
             for name, delta in adapter.deltas.items():
-                parameters[name].add_(delta.to(parameters[name].dtype))
+                parameters[name].add_(delta.to(parameters[name].device, parameters[name].dtype))
