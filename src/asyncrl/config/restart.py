@@ -19,7 +19,7 @@ class RestartConfig(StrictModel):
         3,
         ge=0,
         description="Restarts allowed per role before the run gives up (0 = a dead role stops "
-        "the run, for a manual `ckpt.resume_step -1`).",
+        "the run, for a manual `orchestrator.ckpt.resume_step: -1`).",
     )
     backoff: float = Field(
         2.0, ge=0, description="Seconds before a role's first restart; doubled for each next one."

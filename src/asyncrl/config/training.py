@@ -51,7 +51,8 @@ class TrainingConfig(StrictModel):
         "auto",
         description=(
             "Precision: `bf16` (float32 master weights, bfloat16 autocast), `fp32`, or `auto`: "
-            "bf16 where the device multiplies bfloat16 natively (probed at start-up), else fp32."
+            "bf16 where the device multiplies bfloat16 natively (probed at start-up), else fp32. "
+            "`fp8_hybrid` and `nvfp4` (the seeds' names) are refused: not built."
         ),
     )
     gradient_checkpointing: bool = Field(
@@ -86,7 +87,9 @@ class TrainingConfig(StrictModel):
     logging_steps: int = Field(1, gt=0, description="Log metrics every N steps.")
     save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
     checkpoint_dir: str | None = Field(
-        None, description="Checkpoint directory (null = `<output_dir>/checkpoints`)."
+        None,
+        description="Checkpoint directory (null = `checkpoints` in the run directory, "
+        "`<output_dir>/run_<name>`).",
     )
 
     @model_validator(mode="after")
