@@ -15,6 +15,7 @@ from pydantic import Field, model_validator
 
 from asyncrl.config.base import StepLimit, StrictModel
 from asyncrl.config.deployment import machine_deployment
+from asyncrl.config.gpu_ids import GPUIdsConfig
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.model_rewards import fill_in_run_judge
 from asyncrl.config.orchestrator import OrchestratorConfig
@@ -295,6 +296,12 @@ class RLConfig(StrictModel):
         "when the config is loaded, and logged).",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
+    gpu_ids: GPUIdsConfig = Field(
+        default_factory=GPUIdsConfig,
+        description="(launcher: local) The GPUs each role sees, one CUDA_VISIBLE_DEVICES per "
+        "role; unset: colocated gives the trainer all, disaggregated gives the trainer the last "
+        "`trainer.world_size` and the server the rest (docs/deployment.md).",
+    )
     restart: RestartConfig = Field(
         default_factory=RestartConfig,
         description="Restart a role that dies or hangs, from its last checkpoint (unset "
@@ -325,7 +332,12 @@ class RLConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
-    def _replicas_need_ray(self) -> RLConfig:
+    def _each_launcher_its_own_keys(self) -> RLConfig:
+        if self.launcher == "ray" and self.gpu_ids.any_set():
+            raise ValueError(
+                "`gpu_ids` places roles for the local launcher; on Ray each role asks for "
+                "`ray.inference.gpus` / `ray.trainer.gpus` and Ray picks the devices"
+            )
         if self.launcher == "local" and self.ray.inference.replicas > 1:
             raise ValueError(
                 f"`ray.inference.replicas` ({self.ray.inference.replicas}) needs `launcher: "

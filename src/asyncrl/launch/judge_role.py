@@ -19,8 +19,11 @@ from asyncrl.launch.supervisor import RoleSpec
 ROLE = "judge"
 
 
-def judge_spec(config: RLConfig, configs: Path, logs: Path) -> RoleSpec | None:
-    """How the judge server starts and restarts (None: the run has no `judge` section)."""
+def judge_spec(
+    config: RLConfig, configs: Path, logs: Path, gpus: dict[str, str] | None = None
+) -> RoleSpec | None:
+    """How the judge server starts and restarts (None: the run has no `judge` section); `gpus`:
+    its CUDA_VISIBLE_DEVICES, if any (`gpu_placement.py`)."""
     if config.judge is None:
         return None
     configs.mkdir(parents=True, exist_ok=True)
@@ -29,7 +32,7 @@ def judge_spec(config: RLConfig, configs: Path, logs: Path) -> RoleSpec | None:
     command = [sys.executable, "-m", "asyncrl.cli", "infer", str(path)]
     return RoleSpec(
         ROLE, command, command, logs / f"{ROLE}.log", logs.parent / "heartbeats" / ROLE,
-        judge_threads(), finishes=False,
+        {**judge_threads(), **(gpus or {})}, finishes=False,
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from asyncrl.config.deployment import machine_deployment
 from asyncrl.config.rl import RLConfig
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
+from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.roles import prepare_resume, role_yaml
 from asyncrl.launch.serving_precision import serve_in_training_precision
@@ -93,19 +94,36 @@ def role_python(role: str, config: RLConfig) -> str:
     return sys.executable
 
 
+def gpu_placement(config: RLConfig, visible: list[str] | None = None) -> Placement:
+    """The GPUs each role sees (`gpu_ids`, else the deployment's split; `visible`: the GPUs
+    this launcher sees, found when not given)."""
+    ids = config.gpu_ids
+    return place_gpus(
+        config.deployment, visible_gpus() if visible is None else visible,
+        {"infer": ids.inference, "train": ids.trainer, "judge": ids.judge},
+        config.trainer.world_size, judge=config.judge is not None,
+    )  # fmt: skip
+
+
 def role_specs(
-    config: RLConfig, paths: dict[str, Path], logs: Path, secret: str | None = None
+    config: RLConfig,
+    paths: dict[str, Path],
+    logs: Path,
+    secret: str | None = None,
+    gpus: Placement | None = None,
 ) -> dict[str, RoleSpec]:
     """How each role starts, and restarts from its own last checkpoint; every role holds the
-    run's `secret`."""
+    run's `secret` and sees the GPUs `gpus` gives it (none on a CPU-only machine)."""
     threads = thread_budget(config.deployment == "colocated")
     shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}
+    gpus = gpus or gpu_placement(config)
     specs = {}
     for role, path in paths.items():
         first = [role_python(role, config), "-m", "asyncrl.cli", role, str(path)]
+        env = {**threads[role], **role_environment(gpus, role), **shared}
         specs[role] = RoleSpec(
             role, first, [*first, *RESUME_ARGUMENTS[role]], logs / f"{role}.log",
-            logs.parent / "heartbeats" / role, {**threads[role], **shared},
+            logs.parent / "heartbeats" / role, env,
             finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
         )  # fmt: skip
@@ -117,8 +135,12 @@ def run_rl(config: RLConfig) -> None:
     logs = output / "logs"
     config = serve_in_training_precision(prepare_resume(config))
     logger.info("rl: deployment %s (%s)", config.deployment, deployment_reason(config))
-    specs = role_specs(config, write_role_configs(config, output / "configs"), logs)
-    judge = judge_spec(config, output / "configs", logs)  # a fourth role, with `judge:`
+    gpus = gpu_placement(config)
+    if gpus.roles:
+        placed = ", ".join(f"{role} {','.join(ids)}" for role, ids in gpus.roles.items())
+        logger.info("rl: GPUs %s (%s)", placed, gpus.reason)
+    specs = role_specs(config, write_role_configs(config, output / "configs"), logs, gpus=gpus)
+    judge = judge_spec(config, output / "configs", logs, role_environment(gpus, "judge"))
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"
