@@ -57,7 +57,7 @@ def slower_than_usual(
 def pytest_terminal_summary(
     terminalreporter: pytest.TerminalReporter, config: pytest.Config
 ) -> None:
-    if not _observed:
+    if not _observed or hasattr(config, "workerinput"):  # an xdist worker: the controller says it
         return
     usual = json.loads(USUAL.read_text()) if USUAL.exists() else {}
     slowest = sorted(_observed.items(), key=lambda item: item[1], reverse=True)[:SHOWN]
