@@ -11,7 +11,7 @@ from asyncrl.config.loading import load_config
 
 EXAMPLES = sorted(Path(__file__).resolve().parents[2].glob("examples/*/*.yaml"))
 COMMAND_OF = {"rl": "rl", "rl_ray": "rl", "infer": "infer", "orch": "orch", "train": "train",
-              "sft": "sft", "eval": "eval"}  # fmt: skip
+              "sft": "sft", "eval": "eval", "score": "score"}  # fmt: skip
 
 
 def test_there_are_examples() -> None:

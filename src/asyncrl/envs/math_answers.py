@@ -1,5 +1,6 @@
 """`math`: answer in a final `\\boxed{}`. Problems from a JSONL file (`data_path`: fields
-`question` / `problem` / `input`, and `answer`) or generated arithmetic expressions.
+`question` / `problem` / `input`, and `answer`) or, asked for with `generate: true`, generated
+arithmetic expressions (never silently: a run without either is refused).
 
 Checking uses math-verify when it is installed (symbolic equivalence: 1/2 = 0.5 = \\frac{1}{2});
 otherwise a normalised exact match (spaces, `$`, a trailing `.0` removed).
@@ -45,7 +46,15 @@ def read_problems(path: Path) -> list[tuple[str, str]]:
 class MathEnv:
     name = "math"
 
-    def __init__(self, data_path: str | None = None, seed: int = 0, depth: int = 2) -> None:
+    def __init__(
+        self, data_path: str | None = None, seed: int = 0, depth: int = 2, generate: bool = False
+    ) -> None:
+        if bool(data_path) == generate:
+            raise ValueError(
+                "math: give `data_path` (a JSONL of question/answer lines: your problems) or "
+                "`generate: true` (generated arithmetic expressions, for trying the pipeline), "
+                "not both and not neither"
+            )
         self.problems = read_problems(Path(data_path)) if data_path else None
         self.seed, self.depth = seed, depth
         self.rubric = [RewardFunction("boxed_correct", self.correct)]

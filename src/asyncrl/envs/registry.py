@@ -67,3 +67,7 @@ def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environ
         raise EnvironmentLoadError(
             f"environment `{env_id}`: bad args {args!r} ({error})"
         ) from error
+    except ValueError as error:  # a data file, a reward path: said in one line, not retried
+        if isinstance(error, EnvironmentLoadError):
+            raise
+        raise EnvironmentLoadError(f"environment `{env_id}`: {error}") from error

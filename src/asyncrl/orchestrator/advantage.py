@@ -14,13 +14,12 @@ same prompt, so no value model is needed.
 
 from __future__ import annotations
 
-import importlib
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from asyncrl.config.base import ConfigError
 from asyncrl.config.orchestrator import AdvantageConfig
+from asyncrl.import_path import load_function
 
 EPSILON = 1e-6
 
@@ -55,20 +54,6 @@ def _custom(
     if not all(isinstance(a, int | float) and math.isfinite(a) for a in advantages):
         raise ValueError(f"custom advantage `{config.import_path}` returned a non-finite value")
     return [float(a) for a in advantages]
-
-
-def load_function(import_path: str) -> Callable[..., object]:
-    """`package.module:function` (or `package.module.function`) -> the function."""
-    module_name, _, attribute = import_path.replace(":", ".").rpartition(".")
-    if not module_name:
-        raise ConfigError(f"import path `{import_path}` must look like `package.module:function`")
-    try:
-        function = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ConfigError(f"cannot import `{import_path}`: {error}") from error
-    if not callable(function):
-        raise ConfigError(f"`{import_path}` is not callable")
-    return function
 
 
 def process_advantages(
