@@ -103,9 +103,26 @@ def _device_id(device: torch.device) -> torch.device | None:
     return device if device.type == "cuda" else None
 
 
-def close_ranks(ranks: Ranks) -> None:
-    if ranks.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+PEER_WAIT_S = 120  # how long a rank that finished waits for the others before closing anyway
+
+
+def close_ranks(ranks: Ranks, wait_for_peers: bool = False) -> None:
+    """Close the process group. `wait_for_peers` (a rank that finished its work): first meet
+    every other rank, so no rank tears its group down while a peer's last messages to it are
+    in flight — gloo aborted a rank that did (`terminate called without an active exception`,
+    seen once under heavy CPU contention). On a failure path the others may never arrive: no
+    wait there."""
+    if not (ranks.distributed and dist.is_initialized()):
+        return
+    if wait_for_peers:
+        try:
+            if ranks.device.type == "cuda":
+                dist.barrier()
+            else:
+                dist.monitored_barrier(timeout=timedelta(seconds=PEER_WAIT_S))
+        except RuntimeError as error:  # a peer gone: close anyway, said once
+            logger.warning("trainer: rank %d closes without its peers: %s", ranks.rank, error)
+    dist.destroy_process_group()
 
 
 def shard_model(

@@ -68,8 +68,10 @@ def run_trainer(
     ranks = init_ranks(config.world_size, config.distributed_timeout)
     try:
         train_loop(config, ranks, batch_timeout, host_engine)
-    finally:
+    except BaseException:
         close_ranks(ranks)
+        raise
+    close_ranks(ranks, wait_for_peers=True)
 
 
 def train_loop(

@@ -64,8 +64,8 @@ def main() -> None:
         tensors |= {f"base/{k}": v for k, v in base.items()} | gradients
         tensors |= {f"adapter/{k}": v.detach().clone() for k, v in state.items() if ".lora_" in k}
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "run.safetensors"))
-    finally:
-        close_ranks(ranks)
+    finally:  # a rank that finished meets the others before closing (not when failing)
+        close_ranks(ranks, wait_for_peers=sys.exc_info()[0] is None)
 
 
 def snapshot(tensors: dict[str, torch.Tensor] | None) -> dict[str, torch.Tensor] | None:

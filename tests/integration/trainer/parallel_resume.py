@@ -41,8 +41,8 @@ def main() -> None:
         if tensors is not None:
             out.mkdir(parents=True, exist_ok=True)
             save_file(tensors, str(out / f"{mode}.safetensors"))
-    finally:
-        close_ranks(ranks)
+    finally:  # a rank that finished meets the others before closing (not when failing)
+        close_ranks(ranks, wait_for_peers=sys.exc_info()[0] is None)
 
 
 if __name__ == "__main__":

@@ -152,8 +152,8 @@ def main() -> None:
         run_case(model_dir, "grpo_clip", False, "uneven", ranks, out, zero_level=2)
         for lora in (False, True):  # β·KL: a sharded reference copy, or the base under LoRA
             run_case(model_dir, "grpo_clip", lora, "even", ranks, out, beta=0.1)
-    finally:
-        close_ranks(ranks)
+    finally:  # a rank that finished meets the others before closing (not when failing)
+        close_ranks(ranks, wait_for_peers=sys.exc_info()[0] is None)
 
 
 if __name__ == "__main__":
