@@ -17,12 +17,14 @@ from asyncrl import __version__
 from asyncrl.config.base import ConfigError
 from asyncrl.config.env_server import EnvServerConfig
 from asyncrl.config.eval import EvalRunConfig
+from asyncrl.config.export import ExportConfig
 from asyncrl.config.get_model import GetModelConfig
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.config.loading import load_config, split_files_and_overrides
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.rl import RLConfig
+from asyncrl.config.score import ScoreConfig
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.trainer import TrainerConfig
 
@@ -64,6 +66,18 @@ def _env_server(config: Any) -> None:
     from asyncrl.envs.server import run_env_server
 
     run_env_server(config)
+
+
+def _export(config: Any) -> None:
+    from asyncrl.models.export import run_export
+
+    run_export(config)
+
+
+def _score(config: Any) -> None:
+    from asyncrl.envs.score_command import run_score
+
+    run_score(config)
 
 
 def _orch(config: Any) -> None:
@@ -130,6 +144,16 @@ COMMANDS: dict[str, Command] = {
     ),
     "sft": Command("Supervised warm-up on an environment's answers.", SFTConfig, _sft),
     "eval": Command("Score a model on an environment's held-out split.", EvalRunConfig, _eval),
+    "score": Command(
+        "Score a few completions with an environment's reward, as a run would (no model).",
+        ScoreConfig,
+        _score,
+    ),
+    "export": Command(
+        "A run's trained weights as a standalone model directory (LoRA merged, tokenizer in).",
+        ExportConfig,
+        _export,
+    ),
     "infer": Command("Inference server (OpenAI-compatible).", InferenceConfig, _infer),
     "orch": Command(
         "Orchestrator: rollouts, rewards, advantages, batches.", OrchestratorConfig, _orch
