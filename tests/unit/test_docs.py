@@ -50,3 +50,36 @@ def test_every_metric_the_code_names_is_in_the_glossary() -> None:
     named |= {f"trainer/{key}" for key in StepStats().summary()}
     missing = sorted(name for name in named if f"`{name}`" not in glossary)
     assert not missing, f"not in docs/metrics.md: {missing}"
+
+
+def test_defaults_the_docs_quote_are_the_codes() -> None:
+    """A page that says "`key` (default V)" says what the code does: V is the default of every
+    config field with that key path or name, in any command (`asyncrl <command> --help`)."""
+    import ast
+
+    from asyncrl.cli import COMMANDS
+    from asyncrl.config.help import iter_fields
+
+    defaults: dict[str, set[str]] = {}
+    for command in COMMANDS.values():
+        for path, _, default, _ in iter_fields(command.config):
+            for key in {path, path.rsplit(".", 1)[-1]}:
+                defaults.setdefault(key, set()).add(default)
+    quoted = re.compile(r"`([a-z_][a-z0-9_.]*)`[^(`|]{0,30}\(default `?([^`()]+?)`?\)")
+
+    def parsed(text: str) -> object:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            return text  # a bare word: a string default
+
+    wrong, checked = [], 0
+    for page in PAGES:
+        for key, said in quoted.findall(page.read_text()):
+            if key not in defaults or (" " in said and parsed(said) == said):
+                continue  # not a key, or prose ("0 to 10")
+            checked += 1
+            if parsed(said) not in [parsed(default) for default in defaults[key]]:
+                wrong.append(f"{page.name}: `{key}` (default {said}); the code: {defaults[key]}")
+    assert checked >= 3, "the pattern no longer finds the docs' quoted defaults"
+    assert not wrong, "\n".join(wrong)
