@@ -50,7 +50,9 @@ def completions_for(config: ScoreConfig, examples: list[Example]) -> list[tuple[
             if not isinstance(record.get("completion"), str):
                 raise EnvironmentLoadError(f"{path}:{number}: needs a string `completion`")
             position = record.get("example")
-            targets = range(len(examples)) if position is None else [int(position)]
+            if position is not None and not isinstance(position, int):
+                raise EnvironmentLoadError(f"{path}:{number}: `example` must be a whole number")
+            targets = range(len(examples)) if position is None else [position]
             if any(not 0 <= t < len(examples) for t in targets):
                 raise EnvironmentLoadError(
                     f"{path}:{number}: `example` {position} is not among the "

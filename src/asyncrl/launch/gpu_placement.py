@@ -10,8 +10,8 @@ Left unset, the split follows the deployment:
 - colocated: the trainer (which serves inference itself) gets every visible GPU;
 - disaggregated on one GPU: the server and trainer share it (lower the server's
   `gpu_memory_utilization`);
-- disaggregated on several: the trainer gets the last `trainer.world_size` GPUs (at most all
-  but one) and the server, and the judge if any, the others.
+- disaggregated on several: the trainer gets the last `trainer.world_size` GPUs and the server,
+  and the judge if any, the others (a world size that leaves the server none is refused).
 
 The orchestrator never touches a GPU: it gets none. Pure over plain data, so every machine's
 case is tested on a machine without a GPU.

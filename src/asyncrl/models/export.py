@@ -22,10 +22,9 @@ from asyncrl.config.export import ExportConfig
 from asyncrl.fs import atomic_directory
 from asyncrl.log import get_logger
 from asyncrl.step_dirs import step_dirs
+from asyncrl.transport.broadcast import STABLE  # the broadcast's completion marker
 
 logger = get_logger(__name__)
-
-STABLE = "STABLE"  # the broadcast's completion marker (transport/broadcast.py)
 
 
 def broadcast_of(source: Path) -> Path:

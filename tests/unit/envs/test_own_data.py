@@ -100,3 +100,22 @@ def test_math_without_data_is_refused_unless_generation_is_asked_for(tmp_path: P
     data = write(tmp_path / "m.jsonl", [{"question": "1+1", "answer": "2"}])
     with pytest.raises(EnvironmentLoadError, match="not both"):
         load_environment("math", {"data_path": str(data), "generate": True})
+
+
+def test_a_completions_file_naming_no_example_is_refused_by_line(tmp_path: Path) -> None:
+    from asyncrl.config.score import ScoreConfig
+    from asyncrl.envs.score_command import completions_for
+
+    data = write(tmp_path / "d.jsonl", [{"input": "q", "answer": "a", "unit": "g"}])
+    env = load_environment("jsonl", {"path": str(data), "eval_path": str(data)})
+    examples = env.examples("eval", 2)
+    config = {"env": {"id": "jsonl"}, "completions": ["{answer} {unit}"]}
+    good = write(tmp_path / "c.jsonl", [{"completion": "x", "example": 1}, {"completion": "y"}])
+    pairs = completions_for(ScoreConfig(**config, completions_file=str(good)), examples)
+    assert pairs == [(0, "a g"), (1, "a g"), (1, "x"), (0, "y"), (1, "y")]
+    for bad, message in (({"completion": "x", "example": "one"}, "must be a whole number"),
+                         ({"completion": "x", "example": 5}, "not among the 2 examples"),
+                         ({"text": "x"}, "needs a string `completion`")):  # fmt: skip
+        path = write(tmp_path / "bad.jsonl", [bad])
+        with pytest.raises(EnvironmentLoadError, match=rf"bad\.jsonl:1: .*{message}"):
+            completions_for(ScoreConfig(**config, completions_file=str(path)), examples)
