@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+pytest.importorskip("tensorboard", reason="the trackers extra is not installed (make trackers)")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from asyncrl.config.report import ReportConfig
