@@ -28,8 +28,9 @@ from asyncrl.log import get_logger
 from asyncrl.monitor.eval_records import summarize
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.play_episodes import play_episodes
+from asyncrl.run.layout import broadcast_dir, broadcasts_dir
 from asyncrl.step_dirs import step_of
-from asyncrl.transport.broadcast import broadcasts_dir, stable_steps
+from asyncrl.transport.broadcast import stable_steps
 
 logger = get_logger(__name__)
 
@@ -140,8 +141,8 @@ def models_to_score(config: EvalRunConfig) -> list[Path | str]:
     expanded: list[Path | str] = []
     for name in [config.model, *config.models]:
         path = Path(name)
-        if (path / "broadcasts").is_dir():
-            steps = [broadcasts_dir(path) / f"step_{step}" for step in stable_steps(path)]
+        if broadcasts_dir(path).is_dir():
+            steps = [broadcast_dir(path, step) for step in stable_steps(path)]
             found = [d for d in steps if any(d.glob("*.safetensors"))]
             if not found:
                 raise ValueError(f"{path}: no broadcast with weights to score")

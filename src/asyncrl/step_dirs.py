@@ -10,6 +10,11 @@ from pathlib import Path
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
+def step_name(step: int) -> str:
+    """The name of step `step`'s directory (`step_N`, what `STEP_DIR` matches)."""
+    return f"step_{step}"
+
+
 def step_of(path: Path) -> int | None:
     """N for a directory named `step_N`, else None."""
     match = STEP_DIR.match(path.name)

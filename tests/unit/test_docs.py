@@ -83,3 +83,15 @@ def test_defaults_the_docs_quote_are_the_codes() -> None:
                 wrong.append(f"{page.name}: `{key}` (default {said}); the code: {defaults[key]}")
     assert checked >= 3, "the pattern no longer finds the docs' quoted defaults"
     assert not wrong, "\n".join(wrong)
+
+
+def test_every_file_the_readme_code_map_names_exists() -> None:
+    """The "Where the code is" table names files under src/asyncrl/: a file moved or renamed
+    without the map following fails here."""
+    text = (ROOT / "README.md").read_text()
+    table = text.split("## Where the code is", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("|")][2:]  # past the header
+    named = re.findall(r"`([\w/]+\.py)`", "\n".join(rows))
+    assert len(named) > 15
+    missing = [path for path in named if not (ROOT / "src" / "asyncrl" / path).exists()]
+    assert not missing, missing

@@ -15,25 +15,24 @@ from pathlib import Path
 
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.monitor.metrics import forget_metrics_after
-from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
+from asyncrl.run.layout import CHECKPOINT_COMPLETE, checkpoints_dir, metrics_file
+from asyncrl.step_dirs import remove_staging_leftovers, step_dirs, step_name
 from asyncrl.transport.batches import forget_batches_after
 from asyncrl.transport.broadcast import forget_broadcasts_after
 from asyncrl.transport.run_end import clear_finished
 
-COMPLETE = "COMPLETE"
-
 
 def checkpoint_dir(run_dir: Path, step: int, role: str, root: Path | None = None) -> Path:
-    return (root or run_dir / "checkpoints") / f"step_{step}" / role
+    return (root or checkpoints_dir(run_dir)) / step_name(step) / role
 
 
 def complete_steps(run_dir: Path, roles: tuple[str, ...], root: Path | None = None) -> list[int]:
     """Steps whose parts for every role in `roles` are complete, ascending."""
-    base = root or run_dir / "checkpoints"
+    base = root or checkpoints_dir(run_dir)
     return [
         step
         for step, path in step_dirs(base)
-        if all((path / role / COMPLETE).exists() for role in roles)
+        if all((path / role / CHECKPOINT_COMPLETE).exists() for role in roles)
     ]
 
 
@@ -48,14 +47,14 @@ def resolve_resume_step(
         return steps[-1] if steps else None
     if requested not in steps:
         raise FileNotFoundError(
-            f"no complete checkpoint for step {requested} under {root or run_dir / 'checkpoints'}"
+            f"no complete checkpoint for step {requested} under {root or checkpoints_dir(run_dir)}"
             f" (complete: {steps or 'none'})"
         )
     return requested
 
 
 def mark_complete(directory: Path, step: int) -> None:
-    atomic_write_bytes(directory / COMPLETE, json.dumps({"step": step}).encode())
+    atomic_write_bytes(directory / CHECKPOINT_COMPLETE, json.dumps({"step": step}).encode())
 
 
 def prune(run_dir: Path, role: str, keep_last: int | None, keep_interval: int | None,
@@ -77,6 +76,6 @@ def forget_after(run_dir: Path, step: int) -> None:
     checkpoints go."""
     forget_batches_after(run_dir, step)
     forget_broadcasts_after(run_dir, step)
-    forget_metrics_after(run_dir / "metrics.jsonl", step)
+    forget_metrics_after(metrics_file(run_dir), step)
     clear_finished(run_dir)
-    remove_staging_leftovers(run_dir / "checkpoints")
+    remove_staging_leftovers(checkpoints_dir(run_dir))

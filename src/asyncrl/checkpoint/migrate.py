@@ -28,7 +28,6 @@ import torch
 import torch.serialization
 from torch.distributed.checkpoint import metadata as dcp_metadata
 
-from asyncrl.checkpoint.layout import COMPLETE
 from asyncrl.checkpoint.plain_values import CheckpointRefused
 from asyncrl.checkpoint.state_files import (
     PICKLED_METADATA,
@@ -37,6 +36,7 @@ from asyncrl.checkpoint.state_files import (
     write_state,
 )
 from asyncrl.fs import atomic_directory
+from asyncrl.run.layout import CHECKPOINT_COMPLETE
 
 OLD_RANK_STATE = "rank_*.pt"
 _METADATA_CLASSES = (
@@ -179,8 +179,8 @@ def migrate_checkpoint(directory: Path) -> None:
                                  int(record.get("world_size", 1)))  # fmt: skip
             except (KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as error:
                 raise CheckpointRefused(f"{path} cannot be read safely: {error}") from None
-        if (directory / COMPLETE).exists():
-            shutil.copy2(directory / COMPLETE, converted / COMPLETE)
+        if (directory / CHECKPOINT_COMPLETE).exists():
+            shutil.copy2(directory / CHECKPOINT_COMPLETE, converted / CHECKPOINT_COMPLETE)
 
 
 def pickled_checkpoints(path: Path) -> list[Path]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticUndefined
 
 
 class ConfigError(ValueError):
@@ -35,10 +36,10 @@ def planned(default: Any, description: str, *, feature: str, **kwargs: Any) -> A
     return Field(default, description=description, json_schema_extra={"planned": feature}, **kwargs)
 
 
-def wired(default: Any, description: str, *, source: str, **kwargs: Any) -> Any:
-    """A section a launcher fills from another one (`source`), so a role's own config file can
-    still give it. Inside a config that holds `source` too (`asyncrl rl`), it is not listed again
-    (`--help`, the reference): `source` is the one place to set it there."""
+def wired(default: Any = PydanticUndefined, *, description: str, source: str, **kwargs: Any) -> Any:
+    """A key or section a launcher fills from another one (`source`), so a role's own config
+    file can still give it. Inside a config that holds `source` too (`asyncrl rl`), it is not
+    listed again (`--help`, the reference): `source` is the one place to set it there."""
     return Field(default, description=description, json_schema_extra={"wired": source}, **kwargs)
 
 

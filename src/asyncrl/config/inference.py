@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import StrictModel
+from asyncrl.config.base import StrictModel, wired
+from asyncrl.config.transport import WeightTransportName
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 
@@ -14,7 +15,7 @@ Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 class InferenceConfig(StrictModel):
     """An OpenAI-compatible server that returns token ids and logprobs and reloads weights."""
 
-    model: str = Field(description="Hugging Face model id or local path.")
+    model: str = wired(..., description="Hugging Face model id or local path.", source="model")
     backend: Literal["embedded", "vllm", "sglang"] = Field(
         "embedded",
         description="Engine behind the server: `embedded` (PyTorch + transformers, this "
@@ -106,23 +107,40 @@ class InferenceConfig(StrictModel):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of GPU memory for weights and KV cache."
     )
-    weight_broadcast_type: Literal["filesystem", "nccl"] = Field(
+    weight_broadcast_type: WeightTransportName = wired(
         "filesystem",
-        description="How weight updates arrive: `filesystem` (/update_weights, LoRA loads) or "
-        "`nccl` (received from the trainer over torch.distributed; gloo on CPU).",
+        description="How weight updates arrive: `filesystem` (/update_weights, LoRA loads), "
+        "`nccl` (received from the trainer over torch.distributed; gloo on CPU), or the "
+        "trainer's own `package.module:TRANSPORT`.",
+        source="weight_broadcast.type",
     )
-    weight_broadcast_host: str = Field("localhost", description="(nccl) Trainer's rendezvous host.")
-    weight_broadcast_port: int = Field(
-        29501, ge=1, le=65535, description="(nccl) Trainer's rendezvous port."
+    weight_broadcast_host: str = wired(
+        "localhost", description="(nccl) Trainer's rendezvous host.", source="weight_broadcast.host"
     )
-    weight_broadcast_timeout: float = Field(
-        1200, gt=0, description="(nccl) Seconds a transfer may take before it raises."
+    weight_broadcast_port: int = wired(
+        29501,
+        ge=1,
+        le=65535,
+        description="(nccl) Trainer's rendezvous port.",
+        source="weight_broadcast.port",
     )
-    weight_broadcast_rank: int = Field(
-        1, ge=1, description="(nccl) This server's rank (the trainer is rank 0)."
+    weight_broadcast_timeout: float = wired(
+        1200,
+        gt=0,
+        description="(nccl) Seconds a transfer may take before it raises.",
+        source="weight_broadcast.timeout",
     )
-    weight_broadcast_world_size: int = Field(
-        2, ge=2, description="(nccl) Trainer plus every receiving inference server."
+    weight_broadcast_rank: int = wired(
+        1,
+        ge=1,
+        description="(nccl) This server's rank (the trainer is rank 0).",
+        source="weight_broadcast.inference_world_size",
+    )
+    weight_broadcast_world_size: int = wired(
+        2,
+        ge=2,
+        description="(nccl) Trainer plus every receiving inference server.",
+        source="weight_broadcast.inference_world_size",
     )
     reasoning_parser: str | None = Field(
         None, description="Parser that splits reasoning content from the answer (vLLM)."
@@ -150,9 +168,9 @@ class InferenceConfig(StrictModel):
                 f"`tp`/`dp` ({self.tp}/{self.dp}) need `backend: vllm` or `sglang`: the embedded "
                 "engine runs on one device"
             )
-        if self.backend != "embedded" and self.weight_broadcast_type == "nccl":
+        if self.backend != "embedded" and self.weight_broadcast_type != "filesystem":
             raise ValueError(
-                f"`weight_broadcast_type: nccl` is built for the embedded engine only; with "
-                f"`backend: {self.backend}` use `filesystem` (reload from disk)"
+                f"`weight_broadcast_type: {self.weight_broadcast_type}` is built for the embedded "
+                f"engine only; with `backend: {self.backend}` use `filesystem` (reload from disk)"
             )
         return self

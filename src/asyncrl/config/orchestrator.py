@@ -7,10 +7,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from asyncrl.config.base import StepLimit, StrictModel, planned
+from asyncrl.config.base import StepLimit, StrictModel, planned, wired
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.transport import RolloutTransportConfig
+from asyncrl.run.layout import run_dir
 
 
 class ModelConfig(StrictModel):
@@ -165,16 +166,26 @@ FilterConfig = Annotated[
 
 
 class CheckpointConfig(StrictModel):
-    interval: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
-    resume_step: int | None = Field(
-        None, ge=-1, description="Step to resume from (-1 = latest complete checkpoint)."
+    interval: int | None = wired(
+        None, gt=0, description="Save a checkpoint every N steps.", source="checkpoint.interval"
+    )
+    resume_step: int | None = wired(
+        None,
+        ge=-1,
+        description="Step to resume from (-1 = latest complete checkpoint).",
+        source="checkpoint.resume_step",
     )
     wait_for_weights_timeout: float | None = Field(
         None, gt=0, description="Seconds to wait for the weight directory on resume."
     )
-    keep_last: int | None = Field(None, gt=0, description="Keep at most N recent checkpoints.")
-    keep_interval: int | None = Field(
-        None, gt=0, description="Keep checkpoints at every N steps permanently."
+    keep_last: int | None = wired(
+        None, gt=0, description="Keep at most N recent checkpoints.", source="checkpoint.keep_last"
+    )
+    keep_interval: int | None = wired(
+        None,
+        gt=0,
+        description="Keep checkpoints at every N steps permanently.",
+        source="checkpoint.keep_interval",
     )
     skip_progress: bool = Field(False, description="Do not restore progress on resume.")
     skip_buffer: bool = Field(False, description="Do not restore the buffer on resume.")
@@ -222,7 +233,9 @@ class EvalConfig(StrictModel):
 class OrchestratorConfig(StrictModel):
     """Schedules rollouts, scores them, computes advantages and hands batches to the trainer."""
 
-    model: ModelConfig = Field(default_factory=ModelConfig, description="Policy model.")
+    model: ModelConfig = wired(
+        default_factory=ModelConfig, description="Policy model.", source="model"
+    )
     env: list[EnvConfig] = Field(
         default_factory=lambda: [EnvConfig(id="reverse-text")],
         min_length=1,
@@ -230,12 +243,17 @@ class OrchestratorConfig(StrictModel):
     )
     batch_size: int = Field(128, gt=0, description="Rollouts per training step.")
     rollouts_per_example: int = Field(1, gt=0, description="Samples generated per prompt.")
-    seq_len: int = Field(2048, gt=0, description="Maximum sequence length for packing.")
-    max_steps: StepLimit = Field(
-        None, description="Total training steps (null or -1: run indefinitely)."
+    seq_len: int = wired(
+        2048, gt=0, description="Maximum sequence length for packing.", source="seq_len"
     )
-    max_async_level: int = Field(
-        1, ge=0, description="How many steps inference may lag behind the trainer."
+    max_steps: StepLimit = wired(
+        None, description="Total training steps (null or -1: run indefinitely).", source="max_steps"
+    )
+    max_async_level: int = wired(
+        1,
+        ge=0,
+        description="How many steps inference may lag behind the trainer.",
+        source="max_async_level",
     )
     max_off_policy_steps: int = Field(
         8, ge=0, description="Max policy lag of a rollout before it is discarded."
@@ -244,8 +262,9 @@ class OrchestratorConfig(StrictModel):
         1.0, ge=1.0, description="Factor by which to oversample rollout requests."
     )
     output_dir: str = Field(
-        "outputs/run_default",
-        description="Run directory (a `run_*` child of the trainer's output_dir).",
+        str(run_dir("outputs")),
+        description="Run directory: `run_<name>` directly in the trainer's output_dir (the "
+        "trainer's `run_name` is `<name>`).",
     )
     seed: int = Field(42, description="Random seed.")
     sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="Sampling.")
@@ -280,8 +299,10 @@ class OrchestratorConfig(StrictModel):
         description="Write the batch's prompts, completions and rewards to "
         "`samples/step_N.jsonl` every N steps (set by `rl` from `report_to.interval`).",
     )
-    rollout_transport: RolloutTransportConfig = Field(
-        default_factory=RolloutTransportConfig, description="How batches reach the trainer."
+    rollout_transport: RolloutTransportConfig = wired(
+        default_factory=RolloutTransportConfig,
+        description="How batches reach the trainer.",
+        source="rollout_transport",
     )
     load_trainer_base: bool = Field(
         False,

@@ -7,11 +7,13 @@ again and fails when the checked-in page differs.
 
 from __future__ import annotations
 
+import typing
 from collections.abc import Iterable
 
 from pydantic import BaseModel
 
 from asyncrl.config.help import iter_fields
+from asyncrl.config.loading import _inner_model
 
 # `asyncrl infer|orch|train` take one section of `asyncrl rl` as their whole config
 SECTION_COMMANDS = {"infer": "inference", "orch": "orchestrator", "train": "trainer"}
@@ -60,17 +62,33 @@ def render_reference(commands: Iterable[tuple[str, str, type[BaseModel]]]) -> st
 
 
 def wired_sections(command: str, model: type[BaseModel]) -> list[str]:
-    """The sections a role's own config may give that `asyncrl rl` fills from another one (so
-    its table does not list them): named here, with where they come from."""
-    lines = []
+    """The keys a role's own config may give that `asyncrl rl` sets once for the run (so its
+    table does not list them): one row each, with the one name to set under `asyncrl rl`."""
+    rows = _wired_rows(model)
+    if not rows:
+        return []
+    return [
+        f"`asyncrl {command}` alone also takes these keys, which `asyncrl rl` sets once for the "
+        "run:",
+        "",
+        f"| `asyncrl {command}` key | under `asyncrl rl` | description |",
+        "|---|---|---|",
+        *rows,
+        "",
+    ]
+
+
+def _wired_rows(model: type[BaseModel], prefix: str = "") -> list[str]:
+    rows = []
     for name, field in model.model_fields.items():
         extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        inner = _inner_model(field.annotation)
         if "wired" in extra:
-            lines.append(
-                f"`asyncrl {command}` alone also takes `{name}`, an `{extra['wired']}` section: "
-                f"{_cell(field.description or '')} Under `asyncrl rl`, set `{extra['wired']}`."
-            )
-    return [*lines, ""] if lines else []
+            description = _cell(field.description or "")
+            rows.append(f"| `{prefix}{name}` | `{extra['wired']}` | {description} |")
+        elif inner is not None and typing.get_origin(field.annotation) is not list:
+            rows += _wired_rows(inner, f"{prefix}{name}.")
+    return rows
 
 
 def main() -> None:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import StrictModel, planned, wired
+from asyncrl.config.base import ConfigError, StrictModel, planned, wired
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.config.losses import loss_spec, readers_of
 from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.training import TrainingConfig
 from asyncrl.config.transport import RolloutTransportConfig, WeightBroadcastConfig
 from asyncrl.log import get_logger
+from asyncrl.run.layout import DEFAULT_RUN_NAME
 
 logger = get_logger(__name__)
 
@@ -20,27 +22,16 @@ logger = get_logger(__name__)
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
 
 
-_CLIPPED = frozenset({"grpo_clip", "dapo", "dr_grpo", "gspo", "cispo"})
-_MASKED_IS = frozenset({"masked_is"})
-# the losses that read each key (`type` applies to all): a key set away from its default for a
-# loss that does not read it is refused, never ignored
-_MASKED_IS_KEYS = (
-    "ratio_type", "kl_tau", "adv_tau", "teacher_tau", "token_mask_low", "token_mask_high",
-    "geo_mask_low", "geo_mask_high", "sequence_mask_low", "sequence_mask_high",
-    "sequence_clip_high",
-)  # fmt: skip
-LOSS_KEYS_READ_BY: dict[str, frozenset[str]] = {
-    **dict.fromkeys(_MASKED_IS_KEYS, _MASKED_IS),
-    **dict.fromkeys(("epsilon", "epsilon_high", "beta", "kl_estimator"), _CLIPPED),
-    "dr_grpo_length": frozenset({"dr_grpo"}),
-}
-
-
 class LossConfig(StrictModel):
-    """The GRPO loss family; the formulas are in `trainer/loss.py` and docs/training.md."""
+    """The GRPO loss family. Which loss reads which key, and how it normalises, is the loss
+    registry's (`config/losses.py`); the formulas are in `trainer/objectives.py` and
+    docs/training.md."""
 
-    type: Literal["masked_is", "grpo_clip", "dr_grpo", "dapo", "gspo", "cispo"] = Field(
-        "masked_is", description="Loss: masked importance sampling (default) or a clipped variant."
+    type: str = Field(
+        "masked_is",
+        description="Loss: masked_is (masked importance sampling, the default), grpo_clip, "
+        "dr_grpo, dapo, gspo, cispo, or your own by import path `package.module:name` (see "
+        "docs/training.md, Writing a loss).",
     )
     ratio_type: Literal["token", "sequence"] = Field(
         "token", description="Importance ratio per token or per sequence."
@@ -106,6 +97,19 @@ class LossConfig(StrictModel):
             data = {"epsilon": GSPO_EPSILON, "epsilon_high": GSPO_EPSILON_HIGH, **data}
         return data
 
+    # a user's loss module is imported when its config is validated (the name must resolve)
+    @field_validator("type")
+    @classmethod
+    def _a_loss_there_is(cls, name: str) -> str:
+        spec = loss_spec(name)  # a ConfigError naming what would do
+        unknown = sorted(spec.keys_read - set(cls.model_fields))
+        if unknown:
+            raise ConfigError(
+                f"loss `{spec.name}` says it reads {', '.join(f'`{k}`' for k in unknown)}: not "
+                f"`trainer.loss` keys (those are {', '.join(cls.model_fields)})"
+            )
+        return name
+
     @model_validator(mode="after")
     def _terms_fit_the_loss(self) -> LossConfig:
         if self.beta > 0 and self.type == "masked_is":
@@ -113,13 +117,14 @@ class LossConfig(StrictModel):
                 "`beta` (KL to a reference model) applies to every loss but masked_is, which "
                 "uses `kl_tau` (KL to the inference policy)"
             )
-        for key in sorted(self.model_fields_set):
-            readers = LOSS_KEYS_READ_BY.get(key)
+        reads = loss_spec(self.type).keys_read | {"type"}
+        for key in sorted(self.model_fields_set - reads):
             default = type(self).model_fields[key].get_default(call_default_factory=True)
-            if readers and self.type not in readers and getattr(self, key) != default:
+            if getattr(self, key) != default:
+                readers = ", ".join(sorted(readers_of(key))) or "no built-in loss"
                 raise ValueError(
-                    f"`{key}` does nothing for loss `{self.type}`: it is read by "
-                    f"{', '.join(sorted(readers))}; remove it or choose one of those"
+                    f"`{key}` does nothing for loss `{self.type}`: it is read by {readers}; "
+                    "remove it or choose one of those"
                 )
         if self.beta > 0 and self.kl_estimator == "k1":
             logger.warning(
@@ -172,12 +177,28 @@ class TrainerConfig(TrainingConfig):
         "(each seeing the prompt and itself): the prompt's activations are computed once per "
         "group instead of once per sample, with the same logprobs and gradients.",
     )
-    resume_step: int | None = Field(
-        None, ge=-1, description="Checkpoint step to resume from (-1 = latest complete)."
+    run_name: str = wired(
+        DEFAULT_RUN_NAME,
+        pattern=r"^[^/\\]+$",
+        description="The run directory is `<output_dir>/run_<run_name>`, the orchestrator's "
+        "`output_dir`: batches arrive there, weights and metrics go there (`asyncrl rl` sets it "
+        "from `orchestrator.output_dir`).",
+        source="orchestrator.output_dir",
     )
-    keep_last: int | None = Field(None, gt=0, description="Keep at most N recent checkpoints.")
-    keep_interval: int | None = Field(
-        None, gt=0, description="Keep checkpoints at every N steps permanently."
+    resume_step: int | None = wired(
+        None,
+        ge=-1,
+        description="Checkpoint step to resume from (-1 = latest complete).",
+        source="checkpoint.resume_step",
+    )
+    keep_last: int | None = wired(
+        None, gt=0, description="Keep at most N recent checkpoints.", source="checkpoint.keep_last"
+    )
+    keep_interval: int | None = wired(
+        None,
+        gt=0,
+        description="Keep checkpoints at every N steps permanently.",
+        source="checkpoint.keep_interval",
     )
     sync_ref_model: bool = Field(
         False, description="Move the reference model toward the policy during training."
@@ -186,15 +207,21 @@ class TrainerConfig(TrainingConfig):
     ref_model_mixup_alpha: float = Field(
         0.6, ge=0, le=1, description="Weight of the policy when syncing the reference model."
     )
-    rollout_transport: RolloutTransportConfig = Field(
+    rollout_transport: RolloutTransportConfig = wired(
         default_factory=RolloutTransportConfig,
         description="How batches arrive from the orchestrator (must match its setting).",
+        source="rollout_transport",
     )
-    max_async_level: int = Field(
-        1, ge=0, description="How many weight broadcasts may be in flight."
+    max_async_level: int = wired(
+        1,
+        ge=0,
+        description="How many weight broadcasts may be in flight.",
+        source="max_async_level",
     )
-    weight_broadcast: WeightBroadcastConfig = Field(
-        default_factory=WeightBroadcastConfig, description="How new weights reach inference."
+    weight_broadcast: WeightBroadcastConfig = wired(
+        default_factory=WeightBroadcastConfig,
+        description="How new weights reach inference.",
+        source="weight_broadcast",
     )
     weights_interval: int | None = Field(
         None,

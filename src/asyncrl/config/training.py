@@ -7,21 +7,25 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from asyncrl.config.base import StepLimit, StrictModel, planned
+from asyncrl.config.base import StepLimit, StrictModel, planned, wired
 
 QLORA_KEYS = ("qlora_bnb", "qlora_fp8", "qlora_fp4")
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 class TrainingConfig(StrictModel):
-    model: str = Field(description="Hugging Face model id or local path.")
+    model: str = wired(..., description="Hugging Face model id or local path.", source="model")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
     zero_level: int = planned(
         1, "ZeRO level (1 = shard optimizer state).", feature="multi-GPU training", ge=0, le=3
     )
-    output_dir: str = Field("output", description="Where checkpoints and metrics are written.")
+    output_dir: str = wired(
+        "output", description="Where checkpoints and metrics are written.", source="output_dir"
+    )
     seed: int = Field(42, description="Random seed.")
-    sequence_len: int = Field(1024, gt=0, description="Maximum (packed) sequence length.")
+    sequence_len: int = wired(
+        1024, gt=0, description="Maximum (packed) sequence length.", source="seq_len"
+    )
     sample_packing: bool = Field(True, description="Pack samples padding-free.")
     per_device_train_batch_size: int = Field(
         2, gt=0, description="Packed sequences per micro-batch."
@@ -29,7 +33,9 @@ class TrainingConfig(StrictModel):
     gradient_accumulation_steps: int = Field(
         4, gt=0, description="Micro-batches per optimizer step."
     )
-    max_steps: StepLimit = Field(None, description="Training steps (null or -1: no limit).")
+    max_steps: StepLimit = wired(
+        None, description="Training steps (null or -1: no limit).", source="max_steps"
+    )
     learning_rate: float = Field(
         2e-4,
         ge=0,
@@ -85,7 +91,9 @@ class TrainingConfig(StrictModel):
         "on every device for now: no library installed here trains through an NVFP4 base.",
     )
     logging_steps: int = Field(1, gt=0, description="Log metrics every N steps.")
-    save_steps: int | None = Field(None, gt=0, description="Save a checkpoint every N steps.")
+    save_steps: int | None = wired(
+        None, gt=0, description="Save a checkpoint every N steps.", source="checkpoint.interval"
+    )
     checkpoint_dir: str | None = Field(
         None,
         description="Checkpoint directory (null = `checkpoints` in the run directory, "

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from asyncrl.config.base import StrictModel
 
@@ -16,11 +16,28 @@ class RolloutTransportConfig(StrictModel):
     hwm: int = Field(10, gt=0, description="(zmq) High-water mark (max queued messages).")
 
 
+def _a_transport_name(name: str) -> str:
+    """A built-in's name or an import path; what the path names is checked when a role opens
+    it (importing the user's module is that role's business, not the config loader's)."""
+    if name not in BUILT_IN_WEIGHT_TRANSPORTS and ":" not in name:
+        raise ValueError(
+            f"{name!r}: `filesystem`, `nccl`, or the import path of a weight transport "
+            "(`package.module:TRANSPORT`)"
+        )
+    return name
+
+
+BUILT_IN_WEIGHT_TRANSPORTS = ("filesystem", "nccl")
+# how weights travel from the trainer to the servers (`asyncrl.transport.weights`)
+WeightTransportName = Annotated[str, AfterValidator(_a_transport_name)]
+
+
 class WeightBroadcastConfig(StrictModel):
-    type: Literal["filesystem", "nccl"] = Field(
+    type: WeightTransportName = Field(
         "filesystem",
-        description="`filesystem` (checkpoint directories) or `nccl` (torch.distributed; gloo "
-        "on CPU). nccl sends full weights only.",
+        description="`filesystem` (checkpoint directories), `nccl` (torch.distributed; gloo on "
+        "CPU; full weights only), or `package.module:TRANSPORT` (your own, see "
+        "docs/architecture.md).",
     )
     host: str = Field("localhost", description="(nccl) Rendezvous host.")
     port: int = Field(29501, ge=1, le=65535, description="(nccl) Rendezvous port.")

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from asyncrl.config.import_path import function_at
 from asyncrl.envs.answers import boxed
 from asyncrl.envs.base import Example, RewardFunction, Split, split_of
 from asyncrl.envs.jsonl_file import read_jsonl
 from asyncrl.envs.math_answers import same_answer
 from asyncrl.envs.reverse_text import lcs_ratio
-from asyncrl.import_path import function_at
 
 
 class JsonlDataset:

@@ -16,9 +16,9 @@ from asyncrl.inference import protocol
 from asyncrl.inference.api_errors import APIError, error_response
 from asyncrl.inference.metrics import render_metrics
 from asyncrl.inference.served_model import ServedModel, WeightInfo
-from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
+from asyncrl.transport.weights.route import WeightIntake
 from asyncrl.types import PauseMode
 
 logger = get_logger(__name__)
@@ -26,7 +26,7 @@ logger = get_logger(__name__)
 LONGEST_WAIT_S = 30.0  # a long-polled /weight_info answers within this, changed or not
 
 
-def open_router(served: ServedModel, receiver: WeightReceiverThread | None) -> APIRouter:
+def open_router(served: ServedModel, receiver: WeightIntake | None) -> APIRouter:
     """Routes any client may call, key or not: /health, /version, /metrics."""
     router = APIRouter()
 

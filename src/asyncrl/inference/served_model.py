@@ -92,6 +92,11 @@ class ServedModel:
             loop.call_soon_threadsafe(lambda done=changed: done.done() or done.set_result(None))
 
     @property
+    def model(self) -> torch.nn.Module:
+        """The engine's model: what weights pushed by the trainer must fit (`WeightTarget`)."""
+        return self.engine.model
+
+    @property
     def adapter_name(self) -> str | None:
         return self._adapter.name if self._adapter else None
 

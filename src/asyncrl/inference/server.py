@@ -31,9 +31,10 @@ from asyncrl.inference.engine import Engine
 from asyncrl.inference.kv_cache import default_budget, slot_bytes
 from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
-from asyncrl.inference.weight_receiver import WeightReceiverThread
 from asyncrl.log import get_logger
 from asyncrl.precision import default_device
+from asyncrl.transport.weights.registry import open_intake
+from asyncrl.transport.weights.route import WeightIntake
 from asyncrl.web.api_key import ApiKeyGuard
 from asyncrl.web.body_limit import BodySizeLimit
 
@@ -96,7 +97,7 @@ def slots_that_fit(
 
 
 def build_app(
-    config: InferenceConfig, served: ServedModel, receiver: WeightReceiverThread | None = None
+    config: InferenceConfig, served: ServedModel, receiver: WeightIntake | None = None
 ) -> FastAPI:
     """The app: the API key on every route but /health, /version and /metrics (checked first),
     request-size and read-time limits, OpenAI-shaped errors, and the two groups of routes."""
@@ -154,9 +155,8 @@ class ClosingServer(uvicorn.Server):
 def serve(config: InferenceConfig) -> None:
     """Load the model, start the engine and serve until interrupted."""
     served = load_served_model(config)
-    receiver = None
-    if config.weight_broadcast_type == "nccl":
-        receiver = WeightReceiverThread(served, config)
+    receiver = open_intake(served, config)  # weights pushed by the trainer (NCCL, …), if so
+    if receiver is not None:
         receiver.start()
     app = build_app(config, served, receiver)
     logger.info(

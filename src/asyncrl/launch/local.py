@@ -35,6 +35,7 @@ from asyncrl.launch.supervisor import (
 )
 from asyncrl.log import get_logger
 from asyncrl.processes import stop, wait_healthy
+from asyncrl.run.layout import config_file, heartbeat_file, log_file
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
@@ -42,14 +43,15 @@ logger = get_logger(__name__)
 ROLES = ("infer", "orch", "train")
 
 
-def write_role_configs(config: RLConfig, directory: Path) -> dict[str, Path]:
-    directory.mkdir(parents=True, exist_ok=True)
+def write_role_configs(config: RLConfig, output: Path) -> dict[str, Path]:
+    """Each role's resolved config in the output directory's `configs/`, as the role reads it."""
     sections = {"orch": config.orchestrator, "train": config.trainer}
     if config.deployment == "disaggregated":
         sections["infer"] = config.inference
     paths = {}
     for role, section in sections.items():
-        path = directory / f"{role}.yaml"
+        path = config_file(output, role)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(role_yaml(section))
         paths[role] = path
     return paths
@@ -108,12 +110,13 @@ def gpu_placement(config: RLConfig, visible: list[str] | None = None) -> Placeme
 def role_specs(
     config: RLConfig,
     paths: dict[str, Path],
-    logs: Path,
+    output: Path,
     secret: str | None = None,
     gpus: Placement | None = None,
 ) -> dict[str, RoleSpec]:
-    """How each role starts, and restarts from its own last checkpoint; every role holds the
-    run's `secret` and sees the GPUs `gpus` gives it (none on a CPU-only machine)."""
+    """How each role starts, and restarts from its own last checkpoint, its log and heartbeat in
+    the output directory `output`; every role holds the run's `secret` and sees the GPUs `gpus`
+    gives it (none on a CPU-only machine)."""
     threads = thread_budget(config.deployment == "colocated")
     shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}
     gpus = gpus or gpu_placement(config)
@@ -122,8 +125,8 @@ def role_specs(
         first = [role_python(role, config), "-m", "asyncrl.cli", role, str(path)]
         env = {**threads[role], **role_environment(gpus, role), **shared}
         specs[role] = RoleSpec(
-            role, first, [*first, *RESUME_ARGUMENTS[role]], logs / f"{role}.log",
-            logs.parent / "heartbeats" / role, env,
+            role, first, [*first, *RESUME_ARGUMENTS[role]], log_file(output, role),
+            heartbeat_file(output, role), env,
             finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
         )  # fmt: skip
@@ -132,15 +135,14 @@ def role_specs(
 
 def run_rl(config: RLConfig) -> None:
     output = Path(config.output_dir)
-    logs = output / "logs"
     config = serve_in_training_precision(prepare_resume(config))
     logger.info("rl: deployment %s (%s)", config.deployment, deployment_reason(config))
     gpus = gpu_placement(config)
     if gpus.roles:
         placed = ", ".join(f"{role} {','.join(ids)}" for role, ids in gpus.roles.items())
         logger.info("rl: GPUs %s (%s)", placed, gpus.reason)
-    specs = role_specs(config, write_role_configs(config, output / "configs"), logs, gpus=gpus)
-    judge = judge_spec(config, output / "configs", logs, role_environment(gpus, "judge"))
+    specs = role_specs(config, write_role_configs(config, output), output, gpus=gpus)
+    judge = judge_spec(config, output, role_environment(gpus, "judge"))
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"

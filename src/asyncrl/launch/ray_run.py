@@ -24,6 +24,7 @@ from asyncrl.launch.roles import RoleFailed
 from asyncrl.launch.supervisor import RestartBudget
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
+from asyncrl.run.layout import config_file, log_file, logs_dir, roles_record
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
@@ -69,7 +70,7 @@ class RayRun:
         self.config = config
         self.auth = auth or JoinedAuth(switched_on_by_ray=False)
         self.output = Path(config.output_dir).resolve()
-        self.logs = self.output / "logs"
+        self.logs = logs_dir(self.output)
         self.run_id = secrets.token_hex(3)
         self.placement_group: Any = None
         self.members: list[Member] = []
@@ -117,7 +118,7 @@ class RayRun:
         return results
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
-        config_path = str(self.output / "configs" / f"{member.label}.yaml")
+        config_path = str(config_file(self.output, member.label))
         env = {**env, RUN_SECRET_ENV: self.run_secret}
         member.place["role_pid"] = self.ray.get(
             member.actor.start.remote(role, config_yaml, config_path, env, os.getcwd()),
@@ -125,7 +126,7 @@ class RayRun:
         )
 
     def log_path(self, member: Member) -> Path:
-        return self.logs / f"{member.label}.log"
+        return log_file(self.output, member.label)
 
     def stream_logs(self) -> None:
         """Append what each role logged since the last call to its file in logs/."""
@@ -148,7 +149,7 @@ class RayRun:
             for m in self.members
         ]  # fmt: skip
         self.logs.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(self.logs / "roles.json", json.dumps(records, indent=1).encode())
+        atomic_write_bytes(roles_record(self.output), json.dumps(records, indent=1).encode())
 
     def remove(self) -> None:
         """Stop every role (gently, then not), kill every actor, remove the placement group."""

@@ -15,21 +15,20 @@ from pathlib import Path
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch.roles import RoleFailed
 from asyncrl.log import get_logger
+from asyncrl.run.layout import cluster_probes_dir
 
 logger = get_logger(__name__)
 
-PROBES = ".cluster_probe"
-
 
 def probe_dir(output: Path, run_id: str) -> Path:
-    return output / PROBES / run_id
+    return cluster_probes_dir(output) / run_id
 
 
 def remove_probes(output: Path, run_id: str) -> None:
     """Remove this run's probe directory, and the probes' folder once no other run's is in it."""
     shutil.rmtree(probe_dir(output, run_id), ignore_errors=True)
     with contextlib.suppress(OSError):  # not empty: another run is probing now
-        (output / PROBES).rmdir()
+        cluster_probes_dir(output).rmdir()
 
 
 def shared_storage_needs(config: RLConfig) -> list[str]:

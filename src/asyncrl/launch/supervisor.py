@@ -26,6 +26,7 @@ from asyncrl.launch.live_view import LiveView
 from asyncrl.launch.roles import RoleFailed, reporter_for
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_group, start, tail
+from asyncrl.run.layout import metrics_file
 
 logger = get_logger(__name__)
 
@@ -57,7 +58,7 @@ def supervise_until_finished(config: RLConfig, check_roles: Callable[[], bool]) 
     restarts a role that died or hung, raises `RoleFailed` for one past its budget, and says
     whether trainer and orchestrator have finished), then the live view and the trackers
     (`report_to`) read the run directory."""
-    view = LiveView(Path(config.orchestrator.output_dir) / "metrics.jsonl", config.max_steps)
+    view = LiveView(metrics_file(config.orchestrator.output_dir), config.max_steps)
     reporter = reporter_for(config)
     try:
         with view:

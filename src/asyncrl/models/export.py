@@ -21,8 +21,8 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.export import ExportConfig
 from asyncrl.fs import atomic_directory
 from asyncrl.log import get_logger
+from asyncrl.run.layout import BROADCAST_STABLE, broadcasts_dir, config_file, run_dir
 from asyncrl.step_dirs import step_dirs
-from asyncrl.transport.broadcast import STABLE  # the broadcast's completion marker
 
 logger = get_logger(__name__)
 
@@ -30,14 +30,14 @@ logger = get_logger(__name__)
 def broadcast_of(source: Path) -> Path:
     """`source` itself when it is a complete broadcast, else the newest one under it (a run
     directory, or an output directory holding `run_default`)."""
-    if (source / STABLE).is_file():
+    if (source / BROADCAST_STABLE).is_file():
         return source
-    for root in (source / "broadcasts", source / "run_default" / "broadcasts"):
-        complete = [path for _, path in step_dirs(root) if (path / STABLE).is_file()]
+    for root in (broadcasts_dir(source), broadcasts_dir(run_dir(source))):
+        complete = [path for _, path in step_dirs(root) if (path / BROADCAST_STABLE).is_file()]
         if complete:
             return complete[-1]
     raise ConfigError(
-        f"source: {source} is not a broadcast (no {STABLE} marker) and holds no complete "
+        f"source: {source} is not a broadcast (no {BROADCAST_STABLE} marker) and holds no complete "
         "broadcasts/step_N"
     )
 
@@ -45,7 +45,7 @@ def broadcast_of(source: Path) -> Path:
 def run_model(broadcast: Path) -> str | None:
     """The `model` of the run a broadcast belongs to (`<output_dir>/configs/train.yaml`)."""
     output_dir = broadcast.parent.parent.parent  # <output_dir>/run_default/broadcasts/step_N
-    train_yaml = output_dir / "configs" / "train.yaml"
+    train_yaml = config_file(output_dir, "train")  # the trainer's, as `asyncrl rl` wrote it
     if not train_yaml.is_file():
         return None
     model = (yaml.safe_load(train_yaml.read_text()) or {}).get("model")

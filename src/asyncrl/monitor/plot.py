@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from asyncrl.monitor.metrics import read_metrics
+from asyncrl.run.layout import metrics_file
 
 
 class PlotError(ValueError):
@@ -69,7 +70,7 @@ def plot(
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = source / "metrics.jsonl" if source.is_dir() else source
+    path = metrics_file(source) if source.is_dir() else source
     if not path.exists():
         raise PlotError(f"{path}: no metrics file")
     records = read_metrics(path)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asyncrl.monitor.metrics import read_metrics
+from asyncrl.run.layout import broadcast_dir, metrics_file
 from asyncrl.transport.batches import BatchFileError, read_batch
-from asyncrl.transport.broadcast import broadcasts_dir, read_broadcast
+from asyncrl.transport.broadcast import MARKER_ONLY, read_broadcast
 
 STEP_ROLES = ("trainer", "orchestrator")
 DCP_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a checkpoint's shards
@@ -42,7 +43,7 @@ def audit_run(
     run_dir: Path, max_steps: int, max_async_level: int, max_off_policy_steps: int
 ) -> RunAudit:
     audit = RunAudit()
-    records = read_metrics(run_dir / "metrics.jsonl")
+    records = read_metrics(metrics_file(run_dir))
     for role in STEP_ROLES:
         counts = Counter(r["step"] for r in records if r["role"] == role)
         audit.steps_lost[role] = [s for s in range(1, max_steps + 1) if counts[s] == 0]
@@ -83,13 +84,13 @@ def stale_samples(
 def final_weights_problem(run_dir: Path, step: int) -> str | None:
     """None when broadcast `step` is complete and its weights load."""
     try:
-        broadcast = read_broadcast(broadcasts_dir(run_dir) / f"step_{step}")
+        broadcast = read_broadcast(broadcast_dir(run_dir, step))
     except ValueError as error:
         return str(error)
     if broadcast is None:
         return f"no complete broadcast of step {step}"
-    if broadcast.kind == "nccl":
-        return None  # the weights went over the wire; only the marker is on disk
+    if broadcast.kind in MARKER_ONLY:
+        return None  # the weights went another way; only the marker is on disk
     from safetensors.torch import load_file
 
     try:

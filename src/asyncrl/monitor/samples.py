@@ -1,5 +1,6 @@
-"""`<run dir>/samples/step_N.jsonl`: some of a batch's prompts, completions and rewards as text,
-written by the orchestrator every `samples_interval` steps and shown by the trackers."""
+"""`<run dir>/samples/step_N.jsonl` (`run.layout.samples_file`): some of a batch's prompts,
+completions and rewards as text, written by the orchestrator every `samples_interval` steps and
+shown by the trackers."""
 
 from __future__ import annotations
 
@@ -7,16 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from asyncrl.run.layout import samples_dir
 from asyncrl.step_dirs import STEP_DIR
-
-
-def samples_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "samples" / f"step_{step}.jsonl"
 
 
 def sample_files(run_dir: str | Path) -> list[tuple[int, Path]]:
     """(step, file) of every sample table written so far, ascending by step."""
-    folder = Path(run_dir) / "samples"
+    folder = samples_dir(run_dir)
     if not folder.exists():
         return []
     found = []

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from asyncrl.config.report import ReportConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.samples import read_samples, sample_files
+from asyncrl.run.layout import metrics_file, tensorboard_dir
 
 logger = get_logger(__name__)
 
@@ -98,7 +99,7 @@ class Reporter:
 
     def __init__(self, report: ReportConfig, run_dir: Path, config: dict[str, Any]) -> None:
         self.run_dir = run_dir
-        self.metrics = run_dir / "metrics.jsonl"
+        self.metrics = metrics_file(run_dir)
         self.offset = 0  # bytes of metrics.jsonl already sent
         self.samples_sent: set[int] = set()
         self.trackers: list[Tracker] = []
@@ -158,7 +159,7 @@ class Reporter:
 def _open(name: str, report: ReportConfig, run_dir: Path, config: dict[str, Any]) -> Tracker:
     if name == "tensorboard":
         log_dir = (
-            Path(report.tensorboard_dir) if report.tensorboard_dir else run_dir / "tensorboard"
+            Path(report.tensorboard_dir) if report.tensorboard_dir else tensorboard_dir(run_dir)
         )
         return TensorBoardTracker(log_dir, config)
     return WandbTracker(report, run_dir, config)

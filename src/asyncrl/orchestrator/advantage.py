@@ -18,8 +18,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from asyncrl.config.import_path import load_function
 from asyncrl.config.orchestrator import AdvantageConfig
-from asyncrl.import_path import load_function
 
 EPSILON = 1e-6
 

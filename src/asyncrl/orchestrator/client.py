@@ -1,74 +1,41 @@
-"""Talking to the inference servers: a pool with least-loaded routing, retries with backoff, the
-API key from the environment, and weight updates that work against every engine.
+"""The inference servers as a pool: their lifecycle (start, probes, elastic discovery), the API
+key from the environment, and weight updates that work against every engine.
 
-A server that fails every retry is marked down: its groups go to the other servers, or wait for
-it (up to `client.startup_timeout`). Once it answers again (restarted), the orchestrator loads
-the newest weights into it before it takes work again (`revive`, `needing`).
+A server that fails every retry is marked down (`generation.request`): its groups go to the
+other servers, or wait for it (`generation.generate`). Once it answers again (restarted), the
+orchestrator loads the newest weights into it before it takes work again (`revive`, `needing`).
 
 Each server is reached at its OpenAI base URL (`http://host:port/v1`); admin routes live at the
 server root. Which engine a server runs is learned once, when the pool first reaches it
-(`engine_api.identify`); from then on every call goes through that engine's `EngineAPI`.
+(`engine_api.identify`); from then on every admin call goes through that engine's `EngineAPI`.
+Rollouts ask through `generation.generate`, which owns a generate request end to end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, cast
 
 import httpx
 
 from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.engine_api import ENGINES, ChatTemplate, EngineAPI, identify
+from asyncrl.orchestrator.generation import (
+    RETRIES,
+    InferenceUnavailable,
+    Server,
+    ServerDown,
+    generate_on,
+    least_loaded,
+    request,
+)
 from asyncrl.transport.broadcast import Broadcast
 from asyncrl.transport.served_base import ServedBase
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
-
-RETRIES = 4
-BACKOFF_S = 0.5
-
-
-def _body(response: httpx.Response) -> Any:
-    """JSON, or for the admin routes that answer in plain text (or nothing), that text."""
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return response.json()
-    return {"text": response.text}
-
-
-class InferenceUnavailable(RuntimeError):
-    """A server did not answer after every retry; the message names it."""
-
-
-class ServerDown(InferenceUnavailable):
-    """Connection errors or 5xx on every retry: the server is marked down until it answers."""
-
-
-# a server's life as the pool sees it: `up` takes work; `down` failed and is probed; `back`
-# answers again (restarted) and takes work once it holds the newest weights
-ServerState = Literal["up", "down", "back"]
-
-
-@dataclass
-class Server:
-    base_url: str  # .../v1
-    in_flight: int = 0
-    version: int = 0
-    # the broadcast this pool loaded into it: a restarted trainer may publish a step again
-    # with other weights, and the number alone would not tell them apart (None: not known)
-    fingerprint: str | None = None
-    api: EngineAPI | None = None  # set when the pool first reaches the server
-    state: ServerState = "up"
-    # the fingerprint of the trainer's served base this pool loaded into it (QLoRA's
-    # dequantized base; None: the server's own base)
-    base: str | None = None
-
-    @property
-    def root(self) -> str:
-        return self.base_url.removesuffix("/").removesuffix("/v1")
 
 
 class ClientPool:
@@ -131,45 +98,20 @@ class ClientPool:
     async def api(self, server: Server) -> EngineAPI:
         """The server's engine API, identified on first use."""
         if server.api is None:
-
-            async def call(method: str, url: str, json: Any = None, retries: int = RETRIES) -> Any:
-                return await self.request(server, method, url, json, retries)
-
-            engine = await identify(call, server.root)
-            api = ENGINES[engine](call, server.root, server.base_url, self.chat_prompt_ids)
+            engine = await identify(self.http, server)
+            api = ENGINES[engine](self.http, server, self.chat_prompt_ids)
             server.api = api
             server.version = await api.version() or 0
             logger.info("%s runs %s, weights version %d", server.root, engine, server.version)
-        return server.api
+        return cast(EngineAPI, server.api)  # set only here; `Server` types it as generation uses it
 
     # requests ------------------------------------------------------------------------------------
     async def request(
         self, server: Server, method: str, url: str, json: Any = None, retries: int = RETRIES
     ) -> Any:
-        """JSON from `url`, retrying connection errors and 5xx with exponential backoff
-        (0.5, 1, 2 s); then InferenceUnavailable naming the URL and the last error."""
-        last: Exception | None = None
-        for attempt in range(retries):
-            try:
-                response = await self.http.request(method, url, json=json)
-                if response.status_code < 500:
-                    if response.status_code >= 400:
-                        raise InferenceUnavailable(
-                            f"{url} answered {response.status_code}: {response.text[:500]}"
-                        )
-                    return _body(response)
-                last = RuntimeError(f"{response.status_code}: {response.text[:200]}")
-            except httpx.TransportError as error:
-                last = error
-            if attempt + 1 < retries:
-                await asyncio.sleep(BACKOFF_S * 2**attempt)
-        if server.state == "up":
-            logger.warning(
-                "%s is down (%s); its work goes to other servers or waits for it to come back",
-                server.root, last,
-            )  # fmt: skip
-        server.state = "down"
-        raise ServerDown(f"{url} failed after {retries} attempts: {last}")
+        """`generation.request` with the pool's client: JSON from `url`, retried with backoff,
+        the server marked down when every attempt fails."""
+        return await request(self.http, server, method, url, json, retries)
 
     async def ask_once(
         self, server: Server, method: str, url: str, json: Any = None
@@ -179,46 +121,18 @@ class ClientPool:
         return await self.http.request(method, url, json=json)
 
     def least_loaded(self) -> Server:
-        up = [server for server in self.servers if server.state == "up"] or self.servers
-        return min(up, key=lambda server: server.in_flight)
-
-    async def generate_anywhere(
-        self, route: str, body: dict[str, Any], cost: int, prefer: Server | None = None
-    ) -> tuple[Server, dict[str, Any]]:
-        """`generate` on `prefer` while it is up (an episode's next turn goes where its prefix
-        is cached), else on the least-loaded server that is up; when a server goes down midway
-        the request goes to another, or waits until one is back (`client.startup_timeout`)."""
-        wait: Wait | None = None
-        while True:
-            if not any(server.state == "up" for server in self.servers):
-                wait = wait or Wait("an inference server to come back", logger,
-                                    self.config.startup_timeout)  # fmt: skip
-                try:
-                    wait.check()
-                except TimeoutError as error:
-                    raise InferenceUnavailable(f"every server is down: {error}") from None
-                await asyncio.sleep(0.2)
-                continue
-            server = prefer if prefer is not None and prefer.state == "up" else self.least_loaded()
-            try:
-                return server, await self.generate(server, route, body, cost)
-            except ServerDown:
-                continue  # marked down: another server, or this one once it is back
+        return least_loaded(self.servers)
 
     async def generate(
         self, server: Server, route: str, body: dict[str, Any], cost: int
     ) -> dict[str, Any]:
-        """One request to `route` (chat/completions or completions) on `server`; a whole group
-        (`n` completions) is one request, so it stays on one server."""
-        api = await self.api(server)
-        server.in_flight += cost
-        try:
-            return await api.generate(route, body)
-        finally:
-            server.in_flight -= cost
+        """One request to `route` on `server`, no failover, no abort-retry
+        (`generation.generate_on`): for asking one server directly; rollouts go through
+        `generation.generate`."""
+        return await generate_on(self, server, route, body, cost)
 
     def per_token_versions(self, server: Server) -> bool:
-        return server.api is not None and server.api.per_token_versions
+        return server.api is not None and cast(EngineAPI, server.api).per_token_versions
 
     # weights -------------------------------------------------------------------------------------
     async def load(

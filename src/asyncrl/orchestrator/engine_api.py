@@ -15,19 +15,25 @@ server answers (`identify`), never by `if backend ==` at call sites.
 
 vLLM's /weight_info reports a free-form `weight_version` that this client sets after every
 load, so a restarted orchestrator still learns what a running vLLM server holds.
+
+Generation is translation only (`generate_call`, `generate_answer`): the request itself, with
+its failover and abort-retry, is `generation.py`'s. Every other call here goes through
+`generation.request`, the one HTTP call, which marks a server that never answers down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import httpx
+
+from asyncrl.orchestrator.generation import RETRIES, Server, request
 from asyncrl.types import PauseMode
 
-Request = Callable[..., Awaitable[Any]]  # (method, url, json=None, retries=...) -> JSON body
 ChatTemplate = Callable[[list[dict[str, Any]]], list[int]]  # messages -> prompt token ids
 
 
@@ -51,9 +57,8 @@ class EngineAPI:
     """vLLM's routes, the reference: asyncrl's own server imitates them, so the embedded and
     SGLang APIs below override only what differs."""
 
-    request: Request
-    root: str  # http://host:port
-    base_url: str  # http://host:port/v1
+    http: httpx.AsyncClient  # the pool's client: its API key, timeouts and connections
+    server: Server  # marked down by `request` when it never answers
     chat_prompt_ids: ChatTemplate | None = None  # for engines that take token ids only
 
     name: ClassVar[str] = "vllm"
@@ -62,14 +67,27 @@ class EngineAPI:
     # started without it and the model has no tied head (`startup_checks.check_engine_limits`)
     reload_method: str = "asyncrl_reload_weights"
 
-    async def generate(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
-        """An OpenAI chat or text completion response for `body` (`n` choices)."""
-        result: dict[str, Any] = await self.request("POST", f"{self.base_url}/{route}", body)
-        return result
+    @property
+    def root(self) -> str:  # http://host:port
+        return self.server.root
+
+    @property
+    def base_url(self) -> str:  # http://host:port/v1
+        return self.server.base_url
+
+    def generate_call(self, route: str, body: dict[str, Any]) -> tuple[str, Any]:
+        """The URL and JSON to POST for an OpenAI chat or text completion `body` (`n` choices)
+        on `route`: here, the OpenAI route itself."""
+        return f"{self.base_url}/{route}", body
+
+    def generate_answer(self, route: str, sent: Any, answer: Any) -> dict[str, Any]:
+        """The engine's `answer` to `sent` as an OpenAI response: here, already one."""
+        response: dict[str, Any] = answer
+        return response
 
     async def version(self) -> int | None:
         """The weights version the server holds, or None when it cannot tell."""
-        info = await self.request("GET", f"{self.root}/weight_info", retries=1)
+        info = await self._call("GET", f"{self.root}/weight_info", retries=1)
         value = str(info.get("weight_version", ""))
         return int(value) if value.isdigit() else 0
 
@@ -80,24 +98,28 @@ class EngineAPI:
 
     async def load_full(self, weight_dir: str, step: int) -> None:
         body = {"method": self.reload_method, "kwargs": {"weights_path": weight_dir}}
-        await self.request("POST", f"{self.root}/collective_rpc", body)
-        await self.request("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
+        await self._call("POST", f"{self.root}/collective_rpc", body)
+        await self._call("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
         await self._set_version(step)
 
     async def load_lora(self, name: str, path: str, step: int) -> None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
-        await self.request("POST", f"{self.base_url}/load_lora_adapter", body)
-        await self.request("POST", f"{self.root}/reset_prefix_cache")
+        await self._call("POST", f"{self.base_url}/load_lora_adapter", body)
+        await self._call("POST", f"{self.root}/reset_prefix_cache")
         await self._set_version(step)
 
     async def pause(self, mode: PauseMode) -> None:
-        await self.request("POST", f"{self.root}/pause?mode={mode}")
+        await self._call("POST", f"{self.root}/pause?mode={mode}")
 
     async def resume(self) -> None:
-        await self.request("POST", f"{self.root}/resume")
+        await self._call("POST", f"{self.root}/resume")
+
+    async def _call(self, method: str, url: str, json: Any = None, retries: int = RETRIES) -> Any:
+        """`request` on this server, with the pool's client."""
+        return await request(self.http, self.server, method, url, json, retries)
 
     async def _set_version(self, step: int) -> None:
-        await self.request("POST", f"{self.root}/update_weight_version", {"new_version": str(step)})
+        await self._call("POST", f"{self.root}/update_weight_version", {"new_version": str(step)})
 
 
 @dataclass
@@ -108,21 +130,21 @@ class EmbeddedAPI(EngineAPI):
     per_token_versions: ClassVar[bool] = True
 
     async def version(self) -> int | None:
-        info = await self.request("GET", f"{self.root}/weight_info", retries=1)
+        info = await self._call("GET", f"{self.root}/weight_info", retries=1)
         return int(info["version"])
 
     async def version_change(self, known: int, timeout: float) -> None:
         """A long-polled /weight_info: answered the moment weights are installed."""
         url = f"{self.root}/weight_info?changed_from={known}&wait={timeout:.3f}"
-        await self.request("GET", url, retries=1)
+        await self._call("GET", url, retries=1)
 
     async def load_full(self, weight_dir: str, step: int) -> None:
         body = {"weight_dir": weight_dir, "version": step}
-        await self.request("POST", f"{self.root}/update_weights", body)
+        await self._call("POST", f"{self.root}/update_weights", body)
 
     async def load_lora(self, name: str, path: str, step: int) -> None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
-        await self.request("POST", f"{self.base_url}/load_lora_adapter?version={step}", body)
+        await self._call("POST", f"{self.base_url}/load_lora_adapter?version={step}", body)
 
 
 SGLANG_PAUSE_MODES = {"abort": "abort", "keep": "in_place"}
@@ -135,7 +157,9 @@ class SGLangAPI(EngineAPI):
 
     name: ClassVar[str] = "sglang"
 
-    async def generate(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
+    def generate_call(self, route: str, body: dict[str, Any]) -> tuple[str, Any]:
+        """SGLang's /generate with the prompt as ids (a chat rendered by its template), the
+        prompt repeated for each of the `n` samples."""
         if "messages" in body:
             if self.chat_prompt_ids is None:
                 raise ValueError("SGLang chat requests need the model's chat template")
@@ -152,43 +176,47 @@ class SGLangAPI(EngineAPI):
             "max_new_tokens": body.get("max_tokens"),
             "stop": body.get("stop"),
         }
-        request = {
+        native = {
             "input_ids": [prompt] * n,
             "sampling_params": {k: v for k, v in sampling.items() if v is not None},
             "return_logprob": True,
         }
-        outputs = await self.request("POST", f"{self.root}/generate", request)
-        return openai_response(route, prompt, outputs if isinstance(outputs, list) else [outputs])
+        return f"{self.root}/generate", native
+
+    def generate_answer(self, route: str, sent: Any, answer: Any) -> dict[str, Any]:
+        """/generate's outputs (one per sample, or one alone) for the prompt `sent` asked."""
+        prompt = list(sent["input_ids"][0])
+        return openai_response(route, prompt, answer if isinstance(answer, list) else [answer])
 
     async def version(self) -> int | None:
         return None
 
     async def load_full(self, weight_dir: str, step: int) -> None:
-        result = await self.request(
+        result = await self._call(
             "POST", f"{self.root}/update_weights_from_disk", {"model_path": weight_dir}
         )
         if not result.get("success", False):
             raise RuntimeError(f"SGLang refused weights {weight_dir}: {result.get('message')}")
-        await self.request("POST", f"{self.root}/flush_cache")
+        await self._call("POST", f"{self.root}/flush_cache")
 
     async def load_lora(self, name: str, path: str, step: int) -> None:
         # SGLang has no in-place reload: replace the adapter under the same name
         with contextlib.suppress(RuntimeError):  # nothing loaded under that name yet
             body = {"lora_name": name}
-            await self.request("POST", f"{self.root}/unload_lora_adapter", body, retries=1)
-        await self.request(
+            await self._call("POST", f"{self.root}/unload_lora_adapter", body, retries=1)
+        await self._call(
             "POST", f"{self.root}/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
-        await self.request("POST", f"{self.root}/flush_cache")
+        await self._call("POST", f"{self.root}/flush_cache")
 
     async def pause(self, mode: PauseMode) -> None:
         if mode not in SGLANG_PAUSE_MODES:
             raise ValueError(f"SGLang cannot pause with mode `{mode}`; use abort or keep")
         body = {"mode": SGLANG_PAUSE_MODES[mode]}
-        await self.request("POST", f"{self.root}/pause_generation", body)
+        await self._call("POST", f"{self.root}/pause_generation", body)
 
     async def resume(self) -> None:
-        await self.request("POST", f"{self.root}/continue_generation")
+        await self._call("POST", f"{self.root}/continue_generation")
 
 
 def openai_response(route: str, prompt: list[int], outputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -219,15 +247,16 @@ ENGINES: dict[str, type[EngineAPI]] = {
 }
 
 
-async def identify(request: Request, root: str) -> str:
-    """Which engine serves at `root`, from the routes it answers."""
+async def identify(http: httpx.AsyncClient, server: Server) -> str:
+    """Which engine serves at `server`, from the routes it answers."""
+    root = server.root
     try:
-        info = await request("GET", f"{root}/version", retries=1)
+        info = await request(http, server, "GET", f"{root}/version", retries=1)
         return "embedded" if info.get("engine") == "asyncrl" else "vllm"
     except RuntimeError:
         pass
     try:
-        await request("GET", f"{root}/get_model_info", retries=1)
+        await request(http, server, "GET", f"{root}/get_model_info", retries=1)
         return "sglang"
     except RuntimeError as error:
         raise UnknownEngine(

@@ -33,16 +33,10 @@ from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
-from asyncrl.orchestrator.client import ClientPool, Server
+from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.filters import apply_filters
-from asyncrl.orchestrator.group import (
-    ABORT_RETRIES,
-    Completion,
-    Group,
-    GroupRequest,
-    generate,
-    request_body,
-)
+from asyncrl.orchestrator.generation import ABORT_RETRIES, Completion, Server, generate
+from asyncrl.orchestrator.group import Group, GroupRequest, request_body
 from asyncrl.types import TrainingSample
 
 

@@ -1,6 +1,6 @@
-"""What a group is and how it is asked for: `rollouts_per_example` completions of one prompt,
-requested from the least-loaded server (`request_body`, `generate`) and collected as a `Group`
-of training samples with the counts the step's metrics read. Single-turn and multi-turn groups
+"""What a group is and how it is asked for: `rollouts_per_example` completions of one prompt
+(`request_body`; the request itself is `generation.generate`'s), collected as a `Group` of
+training samples with the counts the step's metrics read. Single-turn and multi-turn groups
 are both groups of episodes (`episode.py`)."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.orchestrator.buffer import Drawn
-from asyncrl.orchestrator.client import ClientPool, Server
 from asyncrl.types import TrainingSample
 
 
@@ -55,34 +54,6 @@ class Group:
 
 
 @dataclass(frozen=True)
-class Completion:
-    """One choice of a chat or text completion response, in one shape."""
-
-    index: int
-    text: str
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    prompt_ids: list[int]
-    policy_versions: list[int] | None  # embedded engine only; vLLM has no such field
-
-    @classmethod
-    def parse(cls, choice: dict[str, Any], response: dict[str, Any]) -> Completion:
-        if "message" in choice:  # chat: prompt ids at the top level, logprobs under `content`
-            text = choice["message"]["content"] or ""
-            logprobs = [entry["logprob"] for entry in choice["logprobs"]["content"]]
-            prompt_ids = response["prompt_token_ids"]
-        else:
-            text = choice["text"]
-            logprobs = list(choice["logprobs"]["token_logprobs"])
-            prompt_ids = choice["prompt_token_ids"]
-        return cls(
-            choice["index"], text, choice["token_ids"], logprobs, choice["finish_reason"],
-            prompt_ids, choice.get("policy_versions"),
-        )  # fmt: skip
-
-
-@dataclass(frozen=True)
 class GroupRequest:
     drawn: Drawn
     env_name: str
@@ -90,13 +61,6 @@ class GroupRequest:
     temperature: float
     seed: int | None
     launch_version: int  # used for every token when the server reports no per-token versions
-
-
-ABORT_RETRIES = 2  # a pause with mode=abort, a server shutting down: worth asking again
-
-
-class GroupAborted(Exception):
-    """The server aborted a completion of the group on every attempt: nothing to train."""
 
 
 def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str, dict[str, Any]]:
@@ -125,27 +89,3 @@ def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str
     if request.seed is not None:
         body["seed"] = request.seed
     return route, body
-
-
-async def generate(
-    clients: ClientPool,
-    route: str,
-    body: dict[str, Any],
-    n: int,
-    prefer: Server | None = None,
-    abort_retries: int = ABORT_RETRIES,
-) -> tuple[Server, list[Completion], int]:
-    """`n` completions, in index order, on `prefer` while it is up (else the least-loaded
-    server), and how many times they were asked again. A completion the server aborted (a
-    weight update in abort mode, a server shutting down) is cut short, not finished: the whole
-    request is made again (siblings are each other's baseline), `abort_retries` times, then
-    `GroupAborted`."""
-    for retries in range(abort_retries + 1):
-        server, response = await clients.generate_anywhere(route, body, n, prefer)
-        choices = sorted(
-            (Completion.parse(choice, response) for choice in response["choices"]),
-            key=lambda choice: choice.index,
-        )
-        if not any(choice.finish_reason == "abort" for choice in choices):
-            return server, choices, retries
-    raise GroupAborted(f"the server aborted the request {abort_retries + 1} times")

@@ -37,13 +37,13 @@ from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
-from asyncrl.monitor.samples import samples_path
 from asyncrl.monitor.spans import StepSpans
 from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import chat_template
 from asyncrl.orchestrator.episode import EpisodeSetting, episode_tokens, run_episode_group
-from asyncrl.orchestrator.group import Group, GroupAborted, GroupRequest
+from asyncrl.orchestrator.generation import GroupAborted
+from asyncrl.orchestrator.group import Group, GroupRequest
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.progress import maybe_checkpoint, resume
 from asyncrl.orchestrator.startup_checks import (
@@ -53,6 +53,7 @@ from asyncrl.orchestrator.startup_checks import (
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.orchestrator.weight_sync import WeightSync
+from asyncrl.run.layout import metrics_file, samples_file
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.types import TrainingBatch
@@ -96,7 +97,7 @@ class Orchestrator:
             self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]
         self.eval_targets = self.eval_targets_of(config.eval) if config.eval else []
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", role="orchestrator")
+        self.metrics = MetricsWriter(metrics_file(self.run_dir), role="orchestrator")
         self.evaluator: OnlineEval | None = None  # made in `run`, once the resume step is known
         self.seeds = itertools.count()
         # dr_grpo's constant normaliser: the tokens a rollout may generate (an episode's turns
@@ -181,7 +182,7 @@ class Orchestrator:
         if config.eval is not None:
             self.evaluator = OnlineEval(
                 config.eval, self.eval_targets, self.clients,
-                MetricsWriter(self.run_dir / "metrics.jsonl", role="eval"),
+                MetricsWriter(metrics_file(self.run_dir), role="eval"),
                 lambda: self.weights.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
@@ -286,7 +287,7 @@ class Orchestrator:
         """Aborted groups in a row after which the run stops with the servers' names instead of
         launching groups for ever: four times the groups kept in flight (every group in flight
         may be aborted by one weight update in abort mode, and each is asked `ABORT_RETRIES` + 1
-        times, `group.py`), at least 16."""
+        times, `generation.py`), at least 16."""
         in_flight = self.config.batch_size * self.config.oversampling_factor
         return max(16, 4 * math.ceil(in_flight / self.config.rollouts_per_example))
 
@@ -343,4 +344,4 @@ class Orchestrator:
             for sample in group.samples
         ]
         text = "".join(json.dumps(row) + "\n" for row in rows)
-        atomic_write_bytes(samples_path(self.run_dir, step), text.encode())
+        atomic_write_bytes(samples_file(self.run_dir, step), text.encode())

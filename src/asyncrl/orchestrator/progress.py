@@ -17,8 +17,8 @@ from asyncrl.config.orchestrator import CheckpointConfig
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import forget_metrics_after
-from asyncrl.monitor.samples import samples_path
 from asyncrl.orchestrator.buffer import Buffer
+from asyncrl.run.layout import checkpoints_dir, metrics_file, rollouts_dir, samples_dir
 from asyncrl.step_dirs import remove_staging_leftovers, step_dirs
 from asyncrl.transport.batches import done_path, last_batch_from
 
@@ -36,8 +36,8 @@ class Resumed:
 def resume(ckpt: CheckpointConfig, run_dir: Path, buffer: Buffer) -> Resumed:
     """Where generation resumes, with the buffer restored as `ckpt.skip_buffer` allows and the
     step as `ckpt.skip_progress` does."""
-    checkpoints = step_dirs(run_dir / "checkpoints")
-    own = [run_dir / "rollouts", samples_path(run_dir, 0).parent]
+    checkpoints = step_dirs(checkpoints_dir(run_dir))
+    own = [rollouts_dir(run_dir), samples_dir(run_dir)]
     for folder in own + [path / "orchestrator" for _, path in checkpoints]:
         remove_staging_leftovers(folder)  # what a crash left half-written
     step = resolve_resume_step(ckpt.resume_step, run_dir, ("orchestrator",))
@@ -54,7 +54,7 @@ def resume(ckpt: CheckpointConfig, run_dir: Path, buffer: Buffer) -> Resumed:
     written = last_batch_from(run_dir, step)
     done_path(run_dir).unlink(missing_ok=True)
     for role in ("orchestrator", "eval"):
-        forget_metrics_after(run_dir / "metrics.jsonl", written, role=role)
+        forget_metrics_after(metrics_file(run_dir), written, role=role)
     logger.info(
         "orchestrator: resumed from the checkpoint of step %d; batches up to %d were already "
         "written", step, written,

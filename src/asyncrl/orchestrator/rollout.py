@@ -9,13 +9,8 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs.reward_pool import EnvironmentPool
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.episode import EpisodeSetting, run_episode_group
-from asyncrl.orchestrator.group import (
-    ABORT_RETRIES,
-    Completion,
-    Group,
-    GroupAborted,
-    GroupRequest,
-)
+from asyncrl.orchestrator.generation import ABORT_RETRIES, Completion, GroupAborted
+from asyncrl.orchestrator.group import Group, GroupRequest
 
 __all__ = ["Completion", "Group", "GroupAborted", "GroupRequest", "run_group"]
 

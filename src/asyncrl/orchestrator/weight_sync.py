@@ -17,7 +17,8 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.file_arrival import RECHECK_S, ArrivalWatch
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.transport.broadcast import broadcasts_dir, broadcasts_in_use, latest_broadcast
+from asyncrl.run.layout import broadcasts_dir
+from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
 from asyncrl.transport.served_base import read_served_base
 from asyncrl.waiting import Wait
 

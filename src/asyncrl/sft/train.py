@@ -26,6 +26,7 @@ from asyncrl.evaluate import evaluate
 from asyncrl.fs import atomic_directory
 from asyncrl.log import console, get_logger
 from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.run.layout import checkpoints_dir, metrics_file
 from asyncrl.sft.data import episode_sample, sft_sample
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
@@ -65,7 +66,7 @@ def run_sft(config: SFTConfig) -> Path:
         total_steps,
     )
 
-    metrics = MetricsWriter(output_dir / "metrics.jsonl", role="sft")
+    metrics = MetricsWriter(metrics_file(output_dir), role="sft")
     config, _ = resolve_training_precision(config, metrics)
     model = load_model(config)
     model.train()
@@ -158,7 +159,7 @@ def save_checkpoint(model: torch.nn.Module, tokenizer: object, path: Path) -> Pa
 
 
 def _checkpoint_dir(config: SFTConfig) -> Path:
-    return Path(config.checkpoint_dir or Path(config.output_dir) / "checkpoints")
+    return Path(config.checkpoint_dir or checkpoints_dir(config.output_dir))
 
 
 def _row_stream(num_rows: int, seed: int) -> Iterator[int]:

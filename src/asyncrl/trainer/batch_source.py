@@ -1,9 +1,10 @@
 """Where the trainer's batches come from: rank 0 receives batch s from the orchestrator and
 every rank gets it, under one deadline.
 
-Rank 0 waits in slices. Between slices it lets a restarted inference server back into the
-NCCL/gloo weight group (the batch awaited may be one only that server can generate), and tells
-the other ranks it is still waiting, so their wait never runs into the collective timeout
+Rank 0 waits in slices. Between slices it lets its weight route act (admit a restarted server
+to the NCCL/gloo group: the batch awaited may be one only that server can generate; or raise
+when a colocated engine gave up, so no batch will come), and tells the other ranks it is still
+waiting, so their wait never runs into the collective timeout
 however slow the orchestrator is, while a dead rank still does. The batch travels to the other
 ranks as its msgpack bytes in a uint8 tensor: typed decoding, nothing unpickled.
 """
@@ -11,19 +12,17 @@ ranks as its msgpack bytes in a uint8 tensor: typed decoding, nothing unpickled.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import msgspec
 import torch
 import torch.distributed as dist
 
 from asyncrl.trainer.parallel import Ranks
-from asyncrl.transport.nccl_broadcast import WeightSender
 from asyncrl.transport.rollout_transport import BatchReceiver
+from asyncrl.transport.weights.route import WeightRoute
 from asyncrl.types import TrainingBatch
 
 HEARTBEAT = 30.0  # seconds rank 0 waits before telling the other ranks it still waits
-ADMIT_EVERY = 1.0  # seconds between looks for a restarted server while a batch is awaited
 _BATCH, _END, _WAITING = 0, 1, 2
 
 
@@ -31,20 +30,19 @@ class BatchSource:
     def __init__(
         self,
         receiver: BatchReceiver | None,
-        sender: WeightSender | None,
+        route: WeightRoute | None,
         ranks: Ranks,
         timeout: float | None,
         heartbeat: float = HEARTBEAT,
-        check: Callable[[], None] | None = None,
     ) -> None:
-        """`receiver` and `sender` exist on rank 0 only; `timeout` (None: none) bounds the
-        wait for each batch, after which `next` raises TimeoutError. `check` runs between two
-        slices of the wait and raises if what the batch depends on has failed (a colocated
-        engine that gave up): the trainer stops then, not at the deadline."""
-        self.receiver, self.sender, self.ranks = receiver, sender, ranks
+        """`receiver` and `route` exist on rank 0 only; `timeout` (None: none) bounds the wait
+        for each batch, after which `next` raises TimeoutError. `route.waiting` runs between two
+        slices of the wait (every `route.poll_seconds` at least) and may raise: the trainer
+        stops then, not at the deadline."""
+        self.receiver, self.route, self.ranks = receiver, route, ranks
         self.timeout = timeout
-        self.check = check
-        self.slice = heartbeat if sender is None else min(heartbeat, ADMIT_EVERY)
+        poll = route.poll_seconds if route is not None else None
+        self.slice = heartbeat if poll is None else min(heartbeat, poll)
 
     def next(self, step: int) -> TrainingBatch | None:
         """Batch `step` on every rank; None when the orchestrator has ended the run."""
@@ -73,10 +71,8 @@ class BatchSource:
         """Rank 0 waits one slice: (BATCH, batch), (END, None), or (WAITING, None) when the
         slice ran out before the deadline; TimeoutError once the deadline has passed."""
         assert self.receiver is not None  # rank 0 has one
-        if self.check is not None:
-            self.check()
-        if self.sender is not None:
-            self.sender.admit_restarted_servers()
+        if self.route is not None:
+            self.route.waiting()
         left = None if deadline is None else deadline - time.monotonic()
         try:
             wait = self.slice if left is None else max(0.0, min(self.slice, left))

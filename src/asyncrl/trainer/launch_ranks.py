@@ -24,7 +24,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from types import FrameType
 
 import yaml
@@ -33,6 +32,7 @@ from asyncrl.config.trainer import TrainerConfig
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.ports import free_ports
+from asyncrl.run.layout import config_file
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
@@ -48,9 +48,8 @@ def started_by_a_launcher() -> bool:
 
 def exec_ranks(config: TrainerConfig) -> None:
     """Run `world_size` ranks of this config on this machine; exits with their outcome."""
-    configs = Path(config.output_dir) / "configs"
-    configs.mkdir(parents=True, exist_ok=True)
-    path = configs / "trainer_ranks.yaml"
+    path = config_file(config.output_dir, "trainer_ranks")
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
     command = [sys.executable, "-m", "asyncrl.cli", "train", str(path)]
     logger.info("trainer: starting %d ranks of %s", config.world_size, " ".join(command))

@@ -1,184 +1,107 @@
-"""The GRPO loss family. Each loss is a small function of per-token tensors of one micro-batch.
+"""The losses the trainer trains with: each entry of the loss registry (`config/losses.py`:
+objective, normalisation and keys, one entry per loss) resolved to the functions that compute
+it. Nothing here decides which normalisation a loss has: the micro-batch builder is handed
+`loss_named(config.type).normalisation`, and a config is checked against the registry when it
+loads (docs/training.md, Writing a loss).
 
-All tensors are flat over the micro-batch's completion tokens, `[T]`. `sequence_ids` says which
-sequence each token belongs to (0..S-1 within the micro-batch). `token_weights` carries the
-normalisation, computed once for the whole optimizer step (all micro-batches, all ranks), so
-that summing `Σ_t w_t · ℓ_t` over micro-batches gives exactly the loss of the whole step and
-never a mean of means:
-
-- token mean (masked_is, dapo, cispo): w_t = 1 / (loss tokens in the step)
-- sequence mean (grpo_clip, gspo): w_t = 1 / (|o_i| · sequences in the step)
-- constant (dr_grpo): w_t = 1 / (sequences in the step · L). L is the generation budget
-  (`sampling.max_tokens`, carried in the batch), as in the Dr. GRPO paper and TRL, so the step
-  size does not move with the batch; with `loss.dr_grpo_length: longest`, or when the batch
-  has no budget, L is the longest completion (loss tokens) of the step
-
-Formulas (lp = trainer logprob, lp_inf = inference logprob, r = exp(lp − lp_inf), A = advantage):
-
-- masked_is: coeff = sg[r_is · (adv_tau·A − kl_tau·(lp − lp_inf))], ℓ = −coeff · lp on kept
-  tokens; r_is is r per token, or per sequence exp(Σ log r) clipped at sequence_clip_high.
-  A token is dropped when r leaves [token_mask_low, token_mask_high]; a whole sequence when its
-  geometric-mean ratio leaves [geo_mask_low, geo_mask_high], or its min / max token ratio falls
-  below sequence_mask_low / rises above sequence_mask_high.
-- grpo_clip, dapo, dr_grpo: ℓ = −min(r·A, clip(r, 1−ε, 1+ε_high)·A) + β·KL(lp, lp_ref), KL by
-  estimator k1 = lp − lp_ref, k2 = ½(lp − lp_ref)², k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1.
-- gspo: s_i = exp(mean_t(lp − lp_inf)) per sequence, ℓ_i = −min(s_i·A_i, clip(s_i)·A_i), spread
-  over the sequence's tokens (plus β·KL per token).
-- cispo: ℓ = −sg[min(r, 1+ε_high)] · A · lp (plus β·KL).
+The objectives' formulas are in `objectives.py`, the normalisations in `normalisation.py`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-import torch
-
+from asyncrl.config.base import ConfigError
+from asyncrl.config.import_path import load_function, load_object
+from asyncrl.config.losses import BUILT_IN as BUILT_IN_SPECS
+from asyncrl.config.losses import LossSpec, loss_spec, readers_of
 from asyncrl.config.trainer import LossConfig
+from asyncrl.trainer.normalisation import (
+    CONSTANT,
+    REGISTERED,
+    SEQUENCE_MEAN,
+    TOKEN_MEAN,
+    Normalisation,
+    sequence_weights,
+)
+from asyncrl.trainer.objectives import LossInputs, LossOutput
 
-NORMALISATION = {
-    "masked_is": "token",
-    "dapo": "token",
-    "cispo": "token",
-    "grpo_clip": "sequence",
-    "gspo": "sequence",
-    "dr_grpo": "constant",
-}
+__all__ = [
+    "BUILT_IN",
+    "CONSTANT",
+    "NORMALISATION",
+    "SEQUENCE_MEAN",
+    "TOKEN_MEAN",
+    "Loss",
+    "LossInputs",
+    "LossOutput",
+    "Normalisation",
+    "compute_loss",
+    "loss_named",
+    "readers_of",
+    "sequence_weights",
+]
 
-
-@dataclass
-class LossInputs:
-    logprobs: torch.Tensor  # [T] current policy, with grad
-    inference_logprobs: torch.Tensor  # [T] the policy that sampled the tokens
-    advantages: torch.Tensor  # [T]
-    sequence_ids: torch.Tensor  # [T] long, 0..S-1
-    token_weights: torch.Tensor  # [T] step-level normalisation
-    ref_logprobs: torch.Tensor | None = None  # [T] reference model, for β·KL
-
-
-@dataclass
-class LossOutput:
-    loss: torch.Tensor  # scalar: Σ_t w_t ℓ_t
-    masked_tokens: int = 0  # tokens dropped by importance-ratio masks
-    clipped_tokens: int = 0  # tokens whose clipped branch was active
-
-
-def sequence_weights(
-    kind: str, lengths: torch.Tensor, total_tokens: int, total_sequences: int, length: int
-) -> torch.Tensor:
-    """[S] normalisation weight of every token of each sequence (`lengths`: [S] loss tokens),
-    from totals over the whole optimizer step; `length` is dr_grpo's L. Index it with
-    `sequence_ids` to get [T]. A step with nothing to train has totals of 0 and no tokens to
-    weigh: guarded, not divided by."""
-    if kind == "token":
-        return torch.full(lengths.shape, 1.0 / max(total_tokens, 1), dtype=torch.float64)
-    if kind == "sequence":
-        return 1.0 / (lengths.double() * max(total_sequences, 1))
-    return torch.full(lengths.shape, 1.0 / max(total_sequences * length, 1), dtype=torch.float64)
+Objective = Callable[[LossInputs, LossConfig], LossOutput]
 
 
-def _segment_sum(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:
-    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, ids, values)
+@dataclass(frozen=True)
+class Loss:
+    """A loss: `objective` computes one micro-batch's share of the step's loss from tokens
+    already weighted by `normalisation`; `reads` are the `trainer.loss` keys the objective
+    looks at (`type` aside). A key outside `keys_read` that a config sets away from its
+    default is refused when the config loads, so a setting never silently does nothing."""
+
+    name: str
+    objective: Objective
+    normalisation: Normalisation = TOKEN_MEAN
+    reads: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads", frozenset(self.reads))  # a set or tuple will do
+        unknown = sorted(self.keys_read - set(LossConfig.model_fields))
+        if unknown:
+            raise ConfigError(
+                f"loss `{self.name}` says it reads {', '.join(f'`{k}`' for k in unknown)}: not "
+                f"`trainer.loss` keys (those are {', '.join(LossConfig.model_fields)})"
+            )
+
+    @property
+    def keys_read(self) -> frozenset[str]:
+        """Every key this loss reads: its objective's and its normalisation's."""
+        return self.reads | self.normalisation.reads
+
+    def __call__(self, inputs: LossInputs, config: LossConfig) -> LossOutput:
+        return self.objective(inputs, config)
 
 
-def _segment_mean(values: torch.Tensor, ids: torch.Tensor, count: int) -> torch.Tensor:
-    lengths = torch.bincount(ids, minlength=count).clamp(min=1)
-    return _segment_sum(values, ids, count) / lengths
+def resolved(spec: LossSpec) -> Loss:
+    """A registry entry with its objective imported and its normalisation looked up."""
+    objective = load_function(spec.objective)
+    return Loss(spec.name, objective, REGISTERED[spec.normalisation], spec.reads)
 
 
-def _kl(inputs: LossInputs, config: LossConfig) -> torch.Tensor:
-    if config.beta == 0.0:
-        return torch.zeros_like(inputs.logprobs)
-    if inputs.ref_logprobs is None:
-        raise ValueError("loss.beta > 0 needs reference logprobs")
-    difference = inputs.ref_logprobs - inputs.logprobs  # log(π_ref / π)
-    if config.kl_estimator == "k1":
-        return -difference
-    if config.kl_estimator == "k2":
-        return 0.5 * difference**2
-    return torch.exp(difference) - difference - 1.0
+BUILT_IN: dict[str, Loss] = {name: resolved(spec) for name, spec in BUILT_IN_SPECS.items()}
+
+# each built-in loss's normalisation by name ("token", "sequence", "constant"), as the tests
+# that build weights by hand (`sequence_weights`) name them
+NORMALISATION = {name: loss.normalisation.name for name, loss in BUILT_IN.items()}
 
 
-def masked_is_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    lp, ids = inputs.logprobs, inputs.sequence_ids
-    count = int(ids.max()) + 1 if ids.numel() else 0
-    log_ratio = (lp - inputs.inference_logprobs).detach()
-    ratio = torch.exp(log_ratio)
-    keep = (ratio >= config.token_mask_low) & (ratio <= config.token_mask_high)
-    geometric = torch.exp(_segment_mean(log_ratio, ids, count))
-    lowest = torch.full(
-        (count,), float("inf"), dtype=ratio.dtype, device=ratio.device
-    ).scatter_reduce(0, ids, ratio, "amin")
-    highest = torch.full(
-        (count,), float("-inf"), dtype=ratio.dtype, device=ratio.device
-    ).scatter_reduce(0, ids, ratio, "amax")
-    keep_sequence = (
-        (geometric >= config.geo_mask_low)
-        & (geometric <= config.geo_mask_high)
-        & (lowest >= config.sequence_mask_low)
-        & (highest <= config.sequence_mask_high)
-    )
-    keep = keep & keep_sequence[ids]
-    if config.ratio_type == "sequence":
-        sequence_ratio = torch.exp(_segment_sum(log_ratio, ids, count))
-        importance = sequence_ratio.clamp(max=config.sequence_clip_high)[ids]
-    else:
-        importance = ratio
-    coefficient = importance * (config.adv_tau * inputs.advantages - config.kl_tau * log_ratio)
-    per_token = -(coefficient.detach() * lp)
-    loss = (per_token * inputs.token_weights * keep).sum()
-    return LossOutput(loss, masked_tokens=int((~keep).sum()))
-
-
-def clipped_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    """grpo_clip, dapo and dr_grpo: one objective, different normalisation (see NORMALISATION)."""
-    ratio = torch.exp(inputs.logprobs - inputs.inference_logprobs)
-    low, high = 1.0 - config.epsilon, 1.0 + (config.epsilon_high or config.epsilon)
-    advantages = inputs.advantages
-    unclipped = ratio * advantages
-    clipped = ratio.clamp(low, high) * advantages
-    per_token = -torch.minimum(unclipped, clipped) + config.beta * _kl(inputs, config)
-    was_clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
-    return LossOutput(
-        (per_token * inputs.token_weights).sum(), clipped_tokens=int(was_clipped.sum())
-    )
-
-
-def gspo_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    ids = inputs.sequence_ids
-    count = int(ids.max()) + 1 if ids.numel() else 0
-    log_ratio = _segment_mean(inputs.logprobs - inputs.inference_logprobs, ids, count)
-    ratio = torch.exp(log_ratio)  # [S]
-    advantages = _segment_mean(inputs.advantages, ids, count)
-    low, high = 1.0 - config.epsilon, 1.0 + (config.epsilon_high or config.epsilon)
-    per_sequence = -torch.minimum(ratio * advantages, ratio.clamp(low, high) * advantages)
-    per_token = per_sequence[ids] + config.beta * _kl(inputs, config)
-    was_clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
-    return LossOutput(
-        (per_token * inputs.token_weights).sum(),
-        clipped_tokens=int(was_clipped[ids].sum()),
-    )
-
-
-def cispo_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    ratio = torch.exp(inputs.logprobs - inputs.inference_logprobs).detach()
-    high = 1.0 + (config.epsilon_high or config.epsilon)
-    weight = ratio.clamp(max=high)
-    per_token = -(weight * inputs.advantages * inputs.logprobs) + config.beta * _kl(inputs, config)
-    return LossOutput(
-        (per_token * inputs.token_weights).sum(), clipped_tokens=int((ratio > high).sum())
-    )
-
-
-LOSSES: dict[str, Callable[[LossInputs, LossConfig], LossOutput]] = {
-    "masked_is": masked_is_loss,
-    "grpo_clip": clipped_loss,
-    "dapo": clipped_loss,
-    "dr_grpo": clipped_loss,
-    "gspo": gspo_loss,
-    "cispo": cispo_loss,
-}
+@functools.cache
+def loss_named(name: str) -> Loss:
+    """The loss `loss.type` names (see `config/losses.py`: a built-in, or by import path a
+    `LossSpec`, a `Loss` or a plain objective); a ConfigError says what would do. Cached: the
+    trainer asks once per micro-batch."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    spec = loss_spec(name)
+    found = load_object(name)
+    return found if isinstance(found, Loss) else resolved(spec)
 
 
 def compute_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    return LOSSES[config.type](inputs, config)
+    """One micro-batch's share of the step's loss under the configured loss."""
+    return loss_named(config.type)(inputs, config)

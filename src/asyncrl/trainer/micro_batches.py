@@ -2,17 +2,21 @@
 
 Loss tokens are the completion tokens whose `completion_mask` is true. All flat `[T]` tensors
 follow the row-major order in which `completion_logprobs` returns them. Normalisation weights
-come from totals over the whole batch, so micro-batches add up to the step's loss exactly.
+come from totals over the whole batch, so micro-batches add up to the step's loss exactly; which
+weights, the loss's normalisation decides (`normalisation.py`): this module only counts.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from asyncrl.trainer.loss import sequence_weights
+from asyncrl.config.trainer import LossConfig
+from asyncrl.trainer.normalisation import Normalisation, StepTotals, normalisation_named
 from asyncrl.trainer.packing import (
     PackedBatch,
     Sample,
@@ -55,19 +59,21 @@ def build_micro_batches(
     sequence_len: int,
     rows_per_micro_batch: int,
     pad_token_id: int,
-    normalisation: str,
+    normalisation: Normalisation | str,
     packing: bool = True,
     only: list[int] | None = None,
     min_micro_batches: int = 1,
-    length_budget: int | None = None,
     shared_prefix: bool = False,
+    loss_config: LossConfig | None = None,
 ) -> list[MicroBatch]:
     """Micro-batches of the samples `only` names (this rank's share; all when None), each
     token weighted by totals over the *whole* batch, so that the ranks' losses add up to the
     loss one process would compute on the whole batch. The rows are spread over at least
     `min_micro_batches` passes (gradient accumulation), fewer rows per pass if need be.
-    `length_budget`: dr_grpo's L (see `loss.py`); None = the longest completion of the batch.
-    `shared_prefix`: samples with the same prompt share it in their row (`shared_prefix.py`)."""
+    `normalisation`: the loss's (`loss_named(...).normalisation`), given `loss_config` (the
+    keys it reads; None = the defaults), or one named "token", "sequence" or "constant" (L =
+    the longest completion). `shared_prefix`: samples with the same prompt share it in their
+    row (`shared_prefix.py`)."""
     samples = [_as_sample(s) for s in batch.samples]
     lengths = [len(s.input_ids) for s in samples]
     too_long = [i for i, n in enumerate(lengths) if n > sequence_len]
@@ -78,7 +84,16 @@ def build_micro_batches(
         )
     loss_counts = [sum(s.completion_mask) for s in batch.samples]
     trained = [n for n in loss_counts if n > 0]
-    totals = (sum(trained), len(trained), length_budget or max(trained, default=1))
+    totals = StepTotals(
+        tokens=sum(trained),
+        sequences=len(trained),
+        longest=max(trained, default=1),
+        max_tokens=batch.max_tokens,
+    )
+    if isinstance(normalisation, str):
+        normalisation = normalisation_named(normalisation)
+    # [S] loss tokens -> [S] weight of each sequence's tokens, the same for every micro-batch
+    weigh = functools.partial(normalisation, totals=totals, config=loss_config or LossConfig())
     chosen = list(range(len(samples))) if only is None else list(only)
     prompt_lengths = [len(s.prompt_ids) for s in batch.samples]
     if shared_prefix:  # rows of units: a prompt once, then its completions
@@ -93,7 +108,7 @@ def build_micro_batches(
     size = min(rows_per_micro_batch, max(1, math.ceil(len(rows) / min_micro_batches)))
     layout = Layout(samples, prompt_lengths, sequence_len, pad_token_id, shared_prefix)
     return [
-        _micro_batch(rows[start : start + size], layout, batch, loss_counts, totals, normalisation)
+        _micro_batch(rows[start : start + size], layout, batch, loss_counts, weigh)
         for start in range(0, len(rows), size)
     ]
 
@@ -149,8 +164,7 @@ def _micro_batch(
     layout: Layout,
     batch: TrainingBatch,
     loss_counts: list[int],
-    totals: tuple[int, int, int],
-    normalisation: str,
+    weigh: Callable[[torch.Tensor], torch.Tensor],
 ) -> MicroBatch:
     packed, spans = layout.collate(rows)
     temperature = torch.ones(packed.input_ids.shape)
@@ -170,9 +184,7 @@ def _micro_batch(
                 versions.append(sample.policy_versions[index])
                 sequence_ids.append(local_id)
     ids = torch.tensor(sequence_ids, dtype=torch.long)
-    per_sequence = sequence_weights(
-        normalisation, torch.tensor([loss_counts[m] for m in members]), *totals
-    )
+    per_sequence = weigh(torch.tensor([loss_counts[m] for m in members]))
     return MicroBatch(
         packed=packed,
         temperature=temperature,

@@ -14,12 +14,13 @@ from asyncrl.checkpoint.layout import checkpoint_dir, resolve_resume_step
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import forget_metrics_after
+from asyncrl.run.layout import broadcasts_dir, checkpoints_dir, metrics_file
 from asyncrl.step_dirs import remove_staging_leftovers
 from asyncrl.trainer.checkpoint import load_trainer_checkpoint
 from asyncrl.trainer.parallel import Ranks
-from asyncrl.trainer.publish import publish, publish_served_base
-from asyncrl.transport.broadcast import STABLE, broadcasts_dir, forget_broadcasts_after
-from asyncrl.transport.nccl_broadcast import WeightSender
+from asyncrl.trainer.weights_out import publish_served_base, republish_version
+from asyncrl.transport.broadcast import forget_broadcasts_after
+from asyncrl.transport.weights.route import WeightRoute
 
 logger = get_logger(__name__)
 
@@ -39,7 +40,7 @@ def resume(
     root = Path(config.checkpoint_dir) if config.checkpoint_dir else None
     if ranks.is_main:  # what a crash left half-written
         remove_staging_leftovers(broadcasts_dir(run_dir))
-        remove_staging_leftovers(root or run_dir / "checkpoints")
+        remove_staging_leftovers(root or checkpoints_dir(run_dir))
     step = resolve_resume_step(config.resume_step, run_dir, ("trainer",), root)
     if config.resume_step is None:
         return 0
@@ -50,7 +51,7 @@ def resume(
     step = step or 0
     if ranks.is_main:
         forget_broadcasts_after(run_dir, step)
-        forget_metrics_after(run_dir / "metrics.jsonl", step, role="trainer")
+        forget_metrics_after(metrics_file(run_dir), step, role="trainer")
     logger.info("trainer: resumed from the checkpoint of step %d", step)
     return step
 
@@ -60,23 +61,17 @@ def republish_on_resume(
     run_dir: Path,
     step: int,
     model: torch.nn.Module,
-    sender: WeightSender | None,
+    route: WeightRoute | None,
     ranks: Ranks,
 ) -> None:
-    """Publish the resumed weights as broadcast `step` when it is gone (pruned, or never made):
-    servers running a withdrawn future go back to them, and a fresh server gets the weights
-    the resumed run continues from rather than waiting for the next step. Over NCCL they are
-    always sent: the servers in the new group hold whatever the dead trainer last sent.
+    """Publish the resumed weights as version `step` again: servers running a withdrawn future
+    go back to them, and a fresh server gets the weights the resumed run continues from rather
+    than waiting for the next step (the route decides what that takes: files only when their
+    broadcast is gone, NCCL always, a colocated engine nothing — it starts from them).
     First, at every start, a QLoRA trainer that serves its dequantized base publishes that base
     (the servers need it before any adapter, a fresh run's first one included)."""
     publish_served_base(config, run_dir, model, ranks)
-    if config.resume_step is None or config.colocated_inference is not None:
-        return  # a fresh start; or a colocated trainer, whose engine starts from its weights
-    if sender is None and (broadcasts_dir(run_dir) / f"step_{step}" / STABLE).exists():
-        return
-    publish(
-        run_dir, step, model, sender, keep=config.max_async_level + 2, ranks=ranks,
-        keep_every=config.weights_interval,
-    )  # fmt: skip
-    if ranks.is_main:
+    if config.resume_step is None:
+        return  # a fresh start
+    if republish_version(route, step, model, ranks):
         logger.info("trainer: republished the weights of step %d for the servers", step)

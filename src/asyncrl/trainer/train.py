@@ -24,11 +24,11 @@ from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
+from asyncrl.run.layout import find_run_dir, metrics_file
 from asyncrl.trainer.batch_source import BatchSource
 from asyncrl.trainer.checkpoint import save_trainer_checkpoint
-from asyncrl.trainer.colocated_engine import ColocatedEngine, HostEngine, serve_until_finished
 from asyncrl.trainer.logprobs import completion_logprobs
-from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
+from asyncrl.trainer.loss import LossInputs, compute_loss, loss_named
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.model import load_model, precision_context, resolve_training_precision
 from asyncrl.trainer.optim import build_optimizer, build_scheduler
@@ -44,13 +44,13 @@ from asyncrl.trainer.parallel import (
     split_by_tokens,
     zero_weight_pass,
 )
-from asyncrl.trainer.publish import WeightPublisher, open_sender
 from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.trainer.resume import republish_on_resume, resume
-from asyncrl.trainer.run_dir import find_run_dir
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
-from asyncrl.transport.broadcast import publish_weights
+from asyncrl.trainer.weights_out import publish_version
 from asyncrl.transport.rollout_transport import batch_receiver
+from asyncrl.transport.weights.colocated import HostEngine
+from asyncrl.transport.weights.registry import open_route, transport_named
 from asyncrl.types import TrainingBatch
 
 logger = get_logger(__name__)
@@ -65,6 +65,8 @@ def run_trainer(
     set); `asyncrl train` passes `asyncrl.colocation.engine_host.ColocatedInference`."""
     if config.colocated_inference is not None and host_engine is None:
         raise ValueError("trainer.colocated_inference is set but no engine host was given")
+    if config.colocated_inference is None:  # a transport the config misnames: refused at once
+        transport_named(config.weight_broadcast.type, "trainer.weight_broadcast.type")
     ranks = init_ranks(config.world_size, config.distributed_timeout)
     try:
         train_loop(config, ranks, batch_timeout, host_engine)
@@ -80,10 +82,11 @@ def train_loop(
     batch_timeout: float | None,
     host_engine: HostEngine | None = None,
 ) -> None:
-    """The loop every rank runs; rank 0 alone receives batches, writes metrics and publishes."""
+    """The loop every rank runs; rank 0 alone receives batches, writes metrics and hands the
+    weights to its route (`asyncrl.transport.weights`: files, NCCL, a colocated engine, …)."""
     torch.manual_seed(config.seed)
-    run_dir = find_run_dir(config.output_dir)
-    metrics = MetricsWriter(run_dir / "metrics.jsonl", role="trainer") if ranks.is_main else None
+    run_dir = find_run_dir(config)  # `<output_dir>/run_<run_name>`, made by the orchestrator
+    metrics = MetricsWriter(metrics_file(run_dir), role="trainer") if ranks.is_main else None
     config, _ = resolve_training_precision(config, metrics)
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
@@ -92,10 +95,7 @@ def train_loop(
     optimizer = build_optimizer(model, config)
     total_steps = config.max_steps * config.num_iterations if config.max_steps else -1
     scheduler = build_scheduler(optimizer, config, total_steps)
-    sender = open_sender(config) if ranks.is_main else None
-    weights_out = WeightPublisher(
-        run_dir, sender, config.max_async_level + 2, ranks, config.weights_interval
-    )
+    route = open_route(config, run_dir, host_engine) if ranks.is_main else None
     logger.info(
         "trainer: run %s, model %s, loss %s, recipe %s, %d rank(s)",
         run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
@@ -103,25 +103,17 @@ def train_loop(
 
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
-    republish_on_resume(config, run_dir, step - 1, model, sender, ranks)
-    colocated: ColocatedEngine | None = None
-    if config.colocated_inference is not None and host_engine is not None:  # sleeps for steps
-        colocated = host_engine(config.colocated_inference, model, step - 1)
-        if config.max_async_level > 0:
-            logger.warning(
-                "colocated: max_async_level %d lets rollouts span a weight update, but the engine "
-                "sleeps while a step trains, so nothing overlaps: it only adds off-policy tokens "
-                "(0 was faster on a CPU, see benchmarks/RESULTS.md)", config.max_async_level,
-            )  # fmt: skip
-    check = colocated.check if colocated is not None else None  # an engine that gave up
-    batches = BatchSource(receiver, sender, ranks, batch_timeout, check=check)
+    batches = BatchSource(receiver, route, ranks, batch_timeout)
     spans, steps_since_log = StepSpans(), 0
     with contextlib.ExitStack() as cleanup:
-        for part in (colocated, receiver, sender, weights_out):
+        for part in (route, receiver):
             if part is not None:
                 cleanup.callback(part.close)
+        if route is not None:  # forms the NCCL group, starts a colocated engine, …
+            route.start(step - 1, model)
+        republish_on_resume(config, run_dir, step - 1, model, route, ranks)
         while config.max_steps is None or step <= config.max_steps:
-            generated_before = colocated.busy_seconds() if colocated is not None else 0.0
+            generated_before = route.generation_seconds() if route is not None else None
             waited = time.perf_counter()
             with spans.span("wait_batch"):
                 batch = batches.next(step)
@@ -129,31 +121,21 @@ def train_loop(
             if batch is None:
                 logger.info("trainer: the orchestrator is done; stopping after step %d", step - 1)
                 break
-            if colocated is not None:  # of the wait, what the engine spent generating
-                spans.move("wait_batch", "generate", colocated.busy_seconds() - generated_before)
+            if route is not None and generated_before is not None:  # a colocated engine's share
+                generated = route.generation_seconds() or 0.0
+                spans.move("wait_batch", "generate", generated - generated_before)
             with spans.span("pack"):
                 pad_token_id = tokenizer.pad_token_id or 0
                 micro_batches = this_ranks_micro_batches(batch, config, ranks, pad_token_id)
             with spans.span("engine_sleep"):
-                phases = colocated.sleep() if colocated is not None else {}
+                phases = route.before_step() if route is not None else {}
             with spans.span("train"):
                 stats = train_step(
                     model, reference, optimizer, scheduler, micro_batches, config,
                     version=step - 1, ranks=ranks,
                 )  # fmt: skip
             with spans.span("weights_out"):
-                if colocated is not None:  # generation resumes while the files below are written
-                    phases |= colocated.wake(step, model)
-                if colocated is None:
-                    weights_out.publish(step, model)
-                elif step == config.max_steps or any(
-                    interval and step % interval == 0
-                    for interval in (config.save_steps, config.weights_interval)
-                ):  # for eval and export
-                    publish_weights(
-                        run_dir, step, model, keep=config.max_async_level + 2, pushed=True,
-                        keep_every=config.weights_interval,
-                    )  # fmt: skip
+                phases |= publish_version(route, step, model, ranks)
             with spans.span("checkpoint"):
                 maybe_sync_reference(reference, model, step, config)
                 maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
@@ -171,8 +153,8 @@ def train_loop(
                 step, stats.loss, stats.mismatch_kl(), stats.grad_norm, stats.step_time,
             )  # fmt: skip
             step += 1
-        if colocated is not None:
-            serve_until_finished(run_dir)
+        if route is not None:
+            route.finish()
 
 
 def build_policy(
@@ -192,7 +174,8 @@ def build_policy(
 def this_ranks_micro_batches(
     batch: TrainingBatch, config: TrainerConfig, ranks: Ranks, pad_token_id: int
 ) -> list[MicroBatch]:
-    """This rank's share of the batch (balanced by tokens), packed, weighted by batch totals."""
+    """This rank's share of the batch (balanced by tokens), packed, weighted by batch totals
+    as the configured loss's normalisation says."""
     only = None
     if ranks.distributed:
         lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples]
@@ -202,12 +185,12 @@ def this_ranks_micro_batches(
         config.sequence_len,
         config.per_device_train_batch_size,
         pad_token_id,
-        NORMALISATION[config.loss.type],
+        loss_named(config.loss.type).normalisation,
         packing=config.sample_packing,
         only=only,
         min_micro_batches=config.gradient_accumulation_steps,
-        length_budget=batch.max_tokens if config.loss.dr_grpo_length == "max_tokens" else None,
         shared_prefix=config.shared_prefix,
+        loss_config=config.loss,
     )
 
 

@@ -14,13 +14,13 @@ import msgspec
 from asyncrl.file_arrival import wait_until
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
+from asyncrl.run.layout import batch_file, rollouts_dir, rollouts_done
 from asyncrl.step_dirs import remove_steps_after
 from asyncrl.types import TrainingBatch
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
 
-BATCH_FILE = "batch.msgpack"
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TrainingBatch)
 
@@ -31,18 +31,18 @@ class BatchFileError(ValueError):
 
 def done_path(run_dir: str | Path) -> Path:
     """Written by the orchestrator when it will send no more batches."""
-    return Path(run_dir) / "rollouts" / "DONE"
+    return rollouts_done(run_dir)
 
 
 def forget_batches_after(run_dir: str | Path, step: int) -> None:
     """Before a resume from `step`: the batches a crashed run wrote later were never trained
     on, and the run is not done."""
-    remove_steps_after(Path(run_dir) / "rollouts", step)
+    remove_steps_after(rollouts_dir(run_dir), step)
     done_path(run_dir).unlink(missing_ok=True)
 
 
 def batch_path(run_dir: str | Path, step: int) -> Path:
-    return Path(run_dir) / "rollouts" / f"step_{step}" / BATCH_FILE
+    return batch_file(run_dir, step)
 
 
 def last_batch_from(run_dir: str | Path, step: int) -> int:

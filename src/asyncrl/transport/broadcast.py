@@ -26,27 +26,26 @@ import torch
 
 from asyncrl.fs import atomic_directory, atomic_write_bytes
 from asyncrl.log import get_logger
+from asyncrl.run.layout import BROADCAST_STABLE, broadcast_dir, broadcasts_dir, broadcasts_lock
 from asyncrl.step_dirs import remove_steps_after, step_dirs
 from asyncrl.transport.fingerprint import weights_fingerprint
 
 logger = get_logger(__name__)
 
-STABLE = "STABLE"
+STABLE = BROADCAST_STABLE  # the marker, written last
 
 
 @dataclass(frozen=True)
 class Broadcast:
     step: int
-    kind: Literal["full", "lora", "nccl"]  # nccl: weights went over the wire, only the marker here
+    # nccl, pushed: the weights went another way (NCCL, a transport of the user's), only the
+    # marker is here
+    kind: Literal["full", "lora", "nccl", "pushed"]
     fingerprint: str
     path: Path
     # the servers already hold these weights (nccl, or a colocated trainer's in-memory sync):
     # readers only ask them for their version; the files, if any, are for eval and export
     pushed: bool = False
-
-
-def broadcasts_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "broadcasts"
 
 
 def publish_weights(
@@ -71,7 +70,7 @@ def publish_weights(
         own |= {name for name, _ in model.named_buffers()}
         state_dict = {name: tensor for name, tensor in state_dict.items() if name in own}
         fingerprint = weights_fingerprint((name, state_dict[name]) for name in names)
-    target = broadcasts_dir(run_dir) / f"step_{step}"
+    target = broadcast_dir(run_dir, step)
     with atomic_directory(target) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
         marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
@@ -82,16 +81,25 @@ def publish_weights(
     return Broadcast(step, kind, fingerprint, target, pushed)
 
 
+MARKER_ONLY = ("nccl", "pushed")  # kinds whose weights are not in the directory
+
+
 def publish_marker(
-    run_dir: str | Path, step: int, fingerprint: str, keep: int, keep_every: int | None = None
+    run_dir: str | Path,
+    step: int,
+    fingerprint: str,
+    keep: int,
+    keep_every: int | None = None,
+    kind: Literal["nccl", "pushed"] = "nccl",
 ) -> Broadcast:
-    """After an NCCL broadcast: the STABLE marker alone, so readers learn that step N is out."""
-    target = broadcasts_dir(run_dir) / f"step_{step}"
+    """After the servers received weights version `step` another way (NCCL, or a transport
+    of the user's: `kind` "pushed"): the STABLE marker alone, so readers learn that it is out."""
+    target = broadcast_dir(run_dir, step)
     with atomic_directory(target) as staging:
-        marker = {"step": step, "kind": "nccl", "fingerprint": fingerprint, "time": time.time()}
+        marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep, keep_every)
-    return Broadcast(step, "nccl", fingerprint, target, pushed=True)
+    return Broadcast(step, kind, fingerprint, target, pushed=True)
 
 
 def read_broadcast(path: Path) -> Broadcast | None:
@@ -101,7 +109,7 @@ def read_broadcast(path: Path) -> Broadcast | None:
         return None
     try:
         data = json.loads(marker.read_text())
-        pushed = bool(data.get("pushed", data["kind"] == "nccl"))
+        pushed = bool(data.get("pushed", data["kind"] in MARKER_ONLY))
         return Broadcast(int(data["step"]), data["kind"], str(data["fingerprint"]), path, pushed)
     except (json.JSONDecodeError, KeyError, ValueError) as error:
         raise ValueError(f"{marker}: not a valid STABLE marker ({error})") from error
@@ -115,7 +123,7 @@ def stable_steps(run_dir: str | Path) -> list[int]:
 def latest_broadcast(run_dir: str | Path, at_least: int = 0) -> Broadcast | None:
     """The newest complete broadcast with step >= `at_least`, if any."""
     steps = [s for s in stable_steps(run_dir) if s >= at_least]
-    return read_broadcast(broadcasts_dir(run_dir) / f"step_{steps[-1]}") if steps else None
+    return read_broadcast(broadcast_dir(run_dir, steps[-1])) if steps else None
 
 
 def prune(run_dir: str | Path, keep: int, keep_every: int | None = None) -> None:
@@ -128,7 +136,7 @@ def prune(run_dir: str | Path, keep: int, keep_every: int | None = None) -> None
         for step in steps[: max(0, len(steps) - keep)]:
             if keep_every and step % keep_every == 0:
                 continue
-            shutil.rmtree(broadcasts_dir(run_dir) / f"step_{step}", ignore_errors=True)
+            shutil.rmtree(broadcast_dir(run_dir, step), ignore_errors=True)
 
 
 @asynccontextmanager
@@ -146,7 +154,7 @@ async def broadcasts_in_use(run_dir: str | Path) -> AsyncIterator[None]:
 @contextmanager
 def _lock(run_dir: str | Path, kind: int) -> Iterator[bool]:
     """`broadcasts/LOCK` taken shared or exclusive without waiting: True if it was."""
-    path = broadcasts_dir(run_dir) / "LOCK"
+    path = broadcasts_lock(run_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         try:

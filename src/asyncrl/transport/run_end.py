@@ -10,18 +10,17 @@ import time
 from pathlib import Path
 
 from asyncrl.fs import atomic_write_bytes
-
-FINISHED = "FINISHED"
+from asyncrl.run.layout import finished_marker
 
 
 def mark_finished(run_dir: Path, step: int) -> None:
     payload = {"step": step, "time": time.time()}
-    atomic_write_bytes(run_dir / FINISHED, json.dumps(payload).encode())
+    atomic_write_bytes(finished_marker(run_dir), json.dumps(payload).encode())
 
 
 def clear_finished(run_dir: Path) -> None:
     """At start-up: a marker left by an earlier run says nothing about this one."""
-    (run_dir / FINISHED).unlink(missing_ok=True)
+    finished_marker(run_dir).unlink(missing_ok=True)
 
 
 def run_finished(run_dir: Path) -> bool:
@@ -29,4 +28,4 @@ def run_finished(run_dir: Path) -> bool:
     directory never misleads: the orchestrator clears it when it starts (before any batch the
     trainer could finish on), and a resume clears it before any role starts. A trainer
     restarted after the orchestrator finished sees it and stops at once."""
-    return (run_dir / FINISHED).exists()
+    return finished_marker(run_dir).exists()

@@ -20,10 +20,8 @@ import torch
 from safetensors.torch import save_file
 
 from asyncrl.fs import atomic_directory, atomic_write_bytes
+from asyncrl.run.layout import SERVED_BASE_MARKER, served_base_dir
 from asyncrl.transport.fingerprint import weights_fingerprint
-
-SERVED_BASE_DIR = "served_base"
-MARKER = "SERVED_BASE"
 
 
 @dataclass(frozen=True)
@@ -31,10 +29,6 @@ class ServedBase:
     path: Path
     fingerprint: str
     source: str  # the model and the format it was made from, for people reading the marker
-
-
-def served_base_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / SERVED_BASE_DIR
 
 
 def write_served_base(
@@ -49,14 +43,14 @@ def write_served_base(
     with atomic_directory(target) as staging:
         save_file(tensors, str(staging / "model.safetensors"), metadata={"format": "pt"})
         marker = {"fingerprint": fingerprint, "source": source, "time": time.time()}
-        atomic_write_bytes(staging / MARKER, json.dumps(marker).encode())
+        atomic_write_bytes(staging / SERVED_BASE_MARKER, json.dumps(marker).encode())
     return ServedBase(target, fingerprint, source)
 
 
 def read_served_base(run_dir: str | Path) -> ServedBase | None:
     """The published served base, or None while there is none (yet)."""
     path = served_base_dir(run_dir)
-    marker = path / MARKER
+    marker = path / SERVED_BASE_MARKER
     if not marker.exists():
         return None
     try:

@@ -44,4 +44,19 @@ def test_a_wired_section_is_listed_where_its_role_stands_alone_not_again_under_r
     assert not [path for path in under_rl if "colocated_inference" in path]
     alone = [path for path, *_ in iter_fields(TrainerConfig)]
     assert "colocated_inference.port" in alone
-    assert "alone also takes `colocated_inference`, an `inference` section" in PAGE.read_text()
+    assert "| `colocated_inference` | `inference` |" in PAGE.read_text()
+
+
+def test_under_rl_every_shared_setting_has_one_name() -> None:
+    """The shared settings are listed once, at the top, under `asyncrl rl`; each role's own
+    name for one is listed where that role stands alone, with the name to use under rl."""
+    from asyncrl.config.rl_wiring import SHARED_FIELDS
+
+    under_rl = {path for path, *_ in iter_fields(RLConfig)}
+    for shared, role_paths in SHARED_FIELDS.items():
+        assert shared in under_rl, shared
+        assert not under_rl & {".".join(path) for path in role_paths}, shared
+        for path in role_paths:  # e.g. the trainer's `save_steps` where `asyncrl train` is
+            assert f"| `{'.'.join(path[1:])}` |" in PAGE.read_text() or any(
+                f"| `{'.'.join(path[1:i])}` |" in PAGE.read_text() for i in range(2, len(path))
+            ), path

@@ -30,6 +30,14 @@ def test_output_dir_is_the_trainer_dir_and_the_run_dir_is_its_run_child() -> Non
     config = rl("--model", "m", "--output_dir", "out/exp")
     assert config.trainer.output_dir == "out/exp"
     assert Path(config.orchestrator.output_dir) == Path("out/exp/run_default")
+    assert config.trainer.run_name == "default"
+
+
+def test_the_trainer_is_told_the_run_the_orchestrator_writes() -> None:
+    config = rl("--model", "m", "--output_dir", "out", "--orchestrator.output_dir", "out/run_b")
+    assert config.trainer.run_name == "b"
+    named = rl("--model", "m", "--output_dir", "out", "--trainer.run_name", "c")
+    assert Path(named.orchestrator.output_dir) == Path("out/run_c")
 
 
 def test_a_value_set_in_one_role_only_reaches_the_others() -> None:
@@ -86,6 +94,19 @@ def test_no_step_limit_is_null_in_every_role_and_the_seeds_minus_one_reads_as_nu
         (
             ["--model", "m", "--output_dir", "a", "--orchestrator.output_dir", "b/run_x"],
             ["`orchestrator.output_dir`", "`run_*`"],
+        ),
+        (
+            [
+                "--model",
+                "m",
+                "--output_dir",
+                "a",
+                "--orchestrator.output_dir",
+                "a/run_x",
+                "--trainer.run_name",
+                "y",
+            ],
+            ["`trainer.run_name`", "`orchestrator.output_dir`"],
         ),
         (
             ["--model", "m", "--seq_len", "1024", "--inference.max_model_len", "512"],
@@ -192,3 +213,59 @@ def test_a_colocated_vllm_trainer_runs_under_vllms_interpreter() -> None:
     assert role_python("train", colocated) == "/opt/vllm/bin/python"
     assert role_python("orch", colocated) == sys.executable
     assert role_python("train", rl("--model", "m", *vllm)) == sys.executable  # disaggregated
+
+
+def test_the_shared_sections_reach_every_role_under_its_own_names() -> None:
+    config = rl(
+        "--model", "m", "--checkpoint.interval", "4", "--checkpoint.keep_last", "3",
+        "--checkpoint.resume_step", "-1", "--rollout_transport.type", "zmq",
+        "--rollout_transport.port", "6001", "--weight_broadcast.type", "nccl",
+        "--weight_broadcast.port", "29777", "--weight_broadcast.timeout", "30",
+        "--trainer.lora", "false",
+    )  # fmt: skip
+    orchestrator, trainer, inference = config.orchestrator, config.trainer, config.inference
+    assert orchestrator.ckpt.interval == trainer.save_steps == config.checkpoint.interval == 4
+    assert orchestrator.ckpt.keep_last == trainer.keep_last == 3
+    assert orchestrator.ckpt.resume_step == trainer.resume_step == -1
+    assert orchestrator.rollout_transport == trainer.rollout_transport == config.rollout_transport
+    assert trainer.rollout_transport.port == 6001
+    assert trainer.weight_broadcast.type == inference.weight_broadcast_type == "nccl"
+    assert trainer.weight_broadcast.port == inference.weight_broadcast_port == 29777
+    assert trainer.weight_broadcast.timeout == inference.weight_broadcast_timeout == 30
+
+
+def test_a_role_key_for_a_shared_setting_sets_it_for_the_run() -> None:
+    """A role's own name for a shared setting (a role's file, the seeds' layout) still works."""
+    config = rl(
+        "--model", "m", "--trainer.weight_broadcast.type", "nccl", "--trainer.lora", "false"
+    )
+    assert config.weight_broadcast.type == config.inference.weight_broadcast_type == "nccl"
+    config = rl("--model", "m", "--orchestrator.rollout_transport.type", "zmq")
+    assert config.trainer.rollout_transport.type == config.rollout_transport.type == "zmq"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["--checkpoint.interval", "4", "--trainer.save_steps", "5"],
+         ["`trainer.save_steps`", "`checkpoint.interval`"]),
+        (["--orchestrator.ckpt.interval", "2", "--trainer.save_steps", "3"],
+         ["`trainer.save_steps`", "`orchestrator.ckpt.interval`"]),
+        (["--weight_broadcast.type", "nccl", "--inference.weight_broadcast_type", "filesystem"],
+         ["`inference.weight_broadcast_type`", "`weight_broadcast.type`"]),
+    ],
+)  # fmt: skip
+def test_two_names_of_one_shared_setting_must_agree(overrides: list[str], named: list[str]) -> None:
+    with pytest.raises(ConfigError) as caught:
+        rl("--model", "m", *overrides)
+    for key in named:
+        assert key in str(caught.value)
+
+
+def test_the_orchestrator_may_checkpoint_apart_from_the_trainer() -> None:
+    config = rl(
+        "--model", "m", "--checkpoint.interval", "10", "--checkpoint.orchestrator_interval", "1"
+    )  # fmt: skip
+    assert config.trainer.save_steps == 10 and config.orchestrator.ckpt.interval == 1
+    config = rl("--model", "m", "--checkpoint.orchestrator_interval", "2")  # restarts on
+    assert config.orchestrator.ckpt.interval == 2 and config.trainer.save_steps == 25

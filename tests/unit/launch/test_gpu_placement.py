@@ -26,9 +26,8 @@ def rl_config(tmp_path: Path, *overrides: str) -> RLConfig:
 def received(tmp_path: Path, config: RLConfig, visible: list[str]) -> dict[str, str]:
     """The CUDA_VISIBLE_DEVICES each role's process starts with (absent: `<unset>`)."""
     specs = role_specs(
-        config, write_role_configs(config, tmp_path / "configs"), tmp_path / "logs",
-        gpus=gpu_placement(config, visible),
-    )  # fmt: skip
+        config, write_role_configs(config, tmp_path), tmp_path, gpus=gpu_placement(config, visible)
+    )
     seen = {}
     for name, spec in specs.items():
         shown = tmp_path / f"seen-{name}"

@@ -15,7 +15,7 @@ from asyncrl.launch.supervisor import RoleSpec, SupervisedRole
 
 def specs(tmp_path: Path) -> dict[str, RoleSpec]:
     config = load_config(RLConfig, [], ["--model", "m", "--output_dir", str(tmp_path / "out")])
-    return role_specs(config, write_role_configs(config, tmp_path / "configs"), tmp_path / "logs")
+    return role_specs(config, write_role_configs(config, tmp_path), tmp_path)
 
 
 def test_every_role_gets_one_fresh_secret_per_run(tmp_path: Path, monkeypatch) -> None:

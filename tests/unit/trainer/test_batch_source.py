@@ -14,6 +14,7 @@ import torch
 from asyncrl.trainer.batch_source import BatchSource
 from asyncrl.trainer.parallel import Ranks
 from asyncrl.transport.rollout_transport import FilesystemReceiver, FilesystemSender
+from asyncrl.transport.weights.route import WeightRoute
 from asyncrl.types import TrainingBatch
 
 ONE_PROCESS = Ranks(0, 1, torch.device("cpu"))
@@ -45,15 +46,19 @@ def test_no_batch_by_the_deadline_is_a_timeout_after_it(tmp_path: Path) -> None:
     assert 0.3 <= time.monotonic() - started < 5.0
 
 
-def test_a_failed_check_ends_the_wait_before_the_deadline(tmp_path: Path) -> None:
+def test_a_route_that_raises_while_waiting_ends_the_wait_before_the_deadline(
+    tmp_path: Path,
+) -> None:
     """A colocated engine that gave up: no batch will come, the trainer stops at once."""
 
     def engine_gave_up() -> None:
         raise RuntimeError("the colocated inference engine stopped")
 
-    waiting = BatchSource(
-        FilesystemReceiver(tmp_path), None, ONE_PROCESS, 60.0, 0.05, check=engine_gave_up
-    )
+    class EngineRoute(WeightRoute):  # what a colocated trainer's route does while it waits
+        def waiting(self) -> None:
+            engine_gave_up()
+
+    waiting = BatchSource(FilesystemReceiver(tmp_path), EngineRoute(), ONE_PROCESS, 60.0, 0.05)
     started = time.monotonic()
     with pytest.raises(RuntimeError, match="engine stopped"):
         waiting.next(1)

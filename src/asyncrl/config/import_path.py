@@ -1,5 +1,6 @@
-"""Functions a config names by import path (`package.module:function`): a custom advantage, a
-reward. The code runs because the user wrote its path in the config, and only then."""
+"""What a config names by import path (`package.module:function`): a custom advantage, a
+reward, a weight transport. The code runs because the user wrote its path in the config, and
+only then."""
 
 from __future__ import annotations
 
@@ -10,16 +11,21 @@ from collections.abc import Callable
 from asyncrl.config.base import ConfigError
 
 
-def load_function(import_path: str) -> Callable[..., object]:
-    """`package.module:function` (or `package.module.function`) -> the function; a path that
-    does not resolve is a config error naming the path and what went wrong."""
+def load_object(import_path: str) -> object:
+    """`package.module:name` (or `package.module.name`) -> the object; a path that does not
+    resolve is a config error naming the path and what went wrong."""
     module_name, _, attribute = import_path.replace(":", ".").rpartition(".")
     if not module_name:
-        raise ConfigError(f"import path `{import_path}` must look like `package.module:function`")
+        raise ConfigError(f"import path `{import_path}` must look like `package.module:name`")
     try:
-        function = getattr(importlib.import_module(module_name), attribute)
+        return getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
         raise ConfigError(f"cannot import `{import_path}`: {error}") from error
+
+
+def load_function(import_path: str) -> Callable[..., object]:
+    """`package.module:function` -> the function (see `load_object`)."""
+    function = load_object(import_path)
     if not callable(function):
         raise ConfigError(f"`{import_path}` is not callable")
     return function  # type: ignore[no-any-return]

@@ -1,0 +1,102 @@
+"""Which losses exist, as the configuration knows them: each built-in's objective (by import
+path), its normalisation (by name) and the `trainer.loss` keys it reads — one entry per loss,
+and nothing about a loss decided anywhere else. Torch-free, so a config validates without
+loading the trainer; the trainer resolves an entry to its functions (`trainer/loss.py`).
+
+`loss.type` names a built-in or a user's loss by import path, `package.module:name`, imported
+only because the user wrote it: a `LossSpec`, the trainer's `Loss` (both say their
+normalisation and keys), or a plain objective `(LossInputs, LossConfig) -> LossOutput`, which
+takes the token mean and reads no key (docs/training.md, Writing a loss).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Literal
+
+from asyncrl.config.base import ConfigError
+from asyncrl.config.import_path import load_object
+
+NormalisationName = Literal["token", "sequence", "constant"]
+# the `trainer.loss` keys a normalisation reads (they count as read by every loss using it)
+NORMALISATION_READS: dict[str, frozenset[str]] = {
+    "token": frozenset(),
+    "sequence": frozenset(),
+    "constant": frozenset({"dr_grpo_length"}),
+}
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """A loss: `objective` (import path) computes one micro-batch's share of the step's loss
+    from tokens already weighted by `normalisation`; `reads` are the `trainer.loss` keys the
+    objective looks at (`type` aside). A key outside `keys_read` that a config sets away from
+    its default is refused when the config loads, so a setting never silently does nothing."""
+
+    name: str
+    objective: str
+    normalisation: NormalisationName = "token"
+    reads: frozenset[str] = field(default_factory=frozenset)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "reads", frozenset(self.reads))  # a set or tuple will do
+        if self.normalisation not in NORMALISATION_READS:
+            raise ConfigError(
+                f"loss `{self.name}`: normalisation `{self.normalisation}` is not one of "
+                f"{', '.join(NORMALISATION_READS)}"
+            )
+
+    @property
+    def keys_read(self) -> frozenset[str]:
+        """Every key this loss reads: its objective's and its normalisation's."""
+        return self.reads | NORMALISATION_READS[self.normalisation]
+
+
+OBJECTIVES = "asyncrl.trainer.objectives"
+MASKED_IS_KEYS = frozenset({
+    "ratio_type", "kl_tau", "adv_tau", "teacher_tau", "token_mask_low", "token_mask_high",
+    "geo_mask_low", "geo_mask_high", "sequence_mask_low", "sequence_mask_high",
+    "sequence_clip_high",
+})  # fmt: skip
+CLIPPED_KEYS = frozenset({"epsilon", "epsilon_high", "beta", "kl_estimator"})
+
+BUILT_IN: dict[str, LossSpec] = {
+    spec.name: spec
+    for spec in (
+        LossSpec("masked_is", f"{OBJECTIVES}:masked_is_loss", "token", MASKED_IS_KEYS),
+        LossSpec("grpo_clip", f"{OBJECTIVES}:clipped_loss", "sequence", CLIPPED_KEYS),
+        LossSpec("dr_grpo", f"{OBJECTIVES}:clipped_loss", "constant", CLIPPED_KEYS),
+        LossSpec("dapo", f"{OBJECTIVES}:clipped_loss", "token", CLIPPED_KEYS),
+        LossSpec("gspo", f"{OBJECTIVES}:gspo_loss", "sequence", CLIPPED_KEYS),
+        LossSpec("cispo", f"{OBJECTIVES}:cispo_loss", "token", CLIPPED_KEYS),
+    )
+}
+
+
+@functools.cache
+def loss_spec(name: str) -> LossSpec:
+    """The loss `loss.type` names: a built-in, or by import path a `LossSpec`, a `Loss` (read
+    through its `normalisation.name` and `reads`), or a plain objective. Anything else is a
+    ConfigError that says what would do."""
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    if ":" not in name and "." not in name:
+        raise ConfigError(
+            f"no loss `{name}`: one of {', '.join(repr(known) for known in BUILT_IN)}, or your "
+            "own by import path, `package.module:name` (docs/training.md, Writing a loss)"
+        )
+    found = load_object(name)
+    if isinstance(found, LossSpec):
+        return found
+    normalisation = getattr(getattr(found, "normalisation", None), "name", None)
+    if normalisation is not None and hasattr(found, "reads"):  # the trainer's `Loss`
+        return LossSpec(str(getattr(found, "name", name)), name, normalisation, found.reads)
+    if not callable(found):
+        raise ConfigError(f"`{name}` is not callable: name a `LossSpec`, a `Loss` or an objective")
+    return LossSpec(name, name)
+
+
+def readers_of(key: str) -> list[str]:
+    """The built-in losses that read `key`, for an error that says which one to choose."""
+    return [name for name, spec in BUILT_IN.items() if key in spec.keys_read]
