@@ -93,13 +93,15 @@ demo-smollm2: smollm2
 # (the two venvs install side by side: pip is single-threaded and this saves minutes of CI)
 # PYTEST_ARGS=--record-durations: this run's times become tests/usual_durations.json
 # two workers, groups of tests that share servers kept together, longest first (tests/parallel_groups.py);
-# PYTEST_WORKERS=0 runs the suite in one process, in file order
+# PYTEST_WORKERS=0 runs the suite in one process, in file order; then the `solo` tests, alone
 PYTEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+TEST_ENV := ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python
 test:
 	$(MAKE) -j2 test-deps vllm
 	$(MAKE) lint
-	ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(BIN)/python -m pytest $(PARALLEL) --durations=25 $(PYTEST_ARGS)  # the slowest tests: where CI time goes
+	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) -m "not solo" --durations=25 $(PYTEST_ARGS)  # the slowest tests: where CI time goes
+	$(TEST_ENV) $(BIN)/python -m pytest -m solo $(PYTEST_ARGS)
 
 # the edit-test loop: lint and the unit tests (no vLLM, no Ray, no server start-ups), under 2 min
 test-fast: setup lint

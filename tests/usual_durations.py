@@ -70,7 +70,8 @@ def pytest_terminal_summary(
     write(
         f"slower than usual (this run's pace: {pace:.2f}x the recorded times): {listed or 'none'}"
     )
-    if config.getoption("record_durations"):
-        recorded = {test: round(seconds, 2) for test, seconds in sorted(_observed.items())}
+    if config.getoption("record_durations"):  # merged: `make test` runs pytest twice (solo)
+        observed = {test: round(seconds, 2) for test, seconds in _observed.items()}
+        recorded = dict(sorted((usual | observed).items()))
         USUAL.write_text(json.dumps(recorded, indent=0) + "\n")
-        write(f"recorded {len(recorded)} durations in {USUAL}")
+        write(f"recorded {len(observed)} durations in {USUAL}")

@@ -19,7 +19,7 @@ from asyncrl.models.init_model import init_model
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.transport.batches import read_batch
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.solo]
 
 REPO = Path(__file__).resolve().parents[3]
 STEPS = 120  # of 64 completions each, as the example trains
