@@ -66,7 +66,11 @@ def rl_config(layout: str, model: Path, output: Path) -> dict:
                 {"id": "test/tool-turns-env", "args": {"max_turns": 2}},
             ],
             "batch_size": 8, "rollouts_per_example": 4,
-            "sampling": {"max_tokens": 16, "temperature": 1.0},
+            # at 1.0, 9-16 of 32 sampled answers ended with EOS within 16 tokens (measured with
+            # transformers), so a run's few single-turn samples could all miss it (the lora layout
+            # failed `stopped > 0` once, 2026-11-26); at 0.7, 19 of 32. Logits scaled by 1/0.7
+            # scale the logprob gaps below by at most 1.43, still under both bounds
+            "sampling": {"max_tokens": 16, "temperature": 0.7},
         },
         "trainer": {"lora": lora, "optimizer": "adamw", "recipe": "fp32",
                     "learning_rate": 1e-4 if lora else 1e-5, "shared_prefix": True},

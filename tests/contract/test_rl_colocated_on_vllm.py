@@ -56,14 +56,18 @@ def test_colocated_vllm_serves_the_trainers_weights_every_step(lora: bool, tmp_p
     fingerprints: dict[int, str] = {}
     deadline = time.monotonic() + 900
     while process.poll() is None and time.monotonic() < deadline:
-        try:
-            info = httpx.get(f"http://127.0.0.1:{port}/weight_info", timeout=2).json()
+        try:  # long-polled: answered the moment the version changes, so the last version is
+            # seen in the short time it is served before the run ends (a plain poll missed it)
+            info = httpx.get(
+                f"http://127.0.0.1:{port}/weight_info",
+                params={"changed_from": versions[-1] if versions else -1, "wait": 5},
+                timeout=10,
+            ).json()
             if not versions or info["version"] != versions[-1]:
                 versions.append(info["version"])
             fingerprints[info["version"]] = info["fingerprint"]
         except httpx.HTTPError:
-            pass
-        time.sleep(0.02)
+            time.sleep(0.02)  # not up yet, or already gone
     _, stderr = process.communicate(timeout=60)
     train_log = (output / "logs" / "train.log").read_text()
     assert process.returncode == 0, stderr[-2000:] + train_log[-3000:]
