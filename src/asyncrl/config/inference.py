@@ -134,7 +134,7 @@ class InferenceConfig(StrictModel):
         1,
         ge=1,
         description="(nccl) This server's rank (the trainer is rank 0).",
-        source="weight_broadcast.inference_world_size",
+        source="weight_broadcast.inference_world_size (the launcher numbers the servers)",
     )
     weight_broadcast_world_size: int = wired(
         2,

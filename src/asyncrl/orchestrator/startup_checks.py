@@ -3,6 +3,8 @@ nothing, and engines that would serve stale weights quietly."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 from transformers import AutoConfig
 
 from asyncrl.config.base import ConfigError
@@ -11,6 +13,9 @@ from asyncrl.envs.remote import RemoteEnvironment
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.transport.vllm_worker_extension import EXTENSION
+
+if TYPE_CHECKING:
+    from asyncrl.orchestrator.engine_api import EngineAPI
 
 logger = get_logger(__name__)
 
@@ -38,7 +43,8 @@ async def check_engine_limits(clients: ClientPool, model_name: str) -> None:
     trainer/mismatch_kl to show for it."""
     tied = None
     for server in clients.servers:
-        if server.api is None or server.api.name != "vllm":
+        api = cast("EngineAPI | None", server.api)  # the pool sets an EngineAPI there
+        if api is None or api.name != "vllm":
             continue
         body = {"method": "asyncrl_extension", "kwargs": {}}
         answer = await clients.ask_once(server, "POST", f"{server.root}/collective_rpc", body)
@@ -54,6 +60,6 @@ async def check_engine_limits(clients: ClientPool, model_name: str) -> None:
                 "head after an in-place reload. Start vLLM with `--worker-extension-cls "
                 f"{EXTENSION}` (asyncrl infer does) from a venv with asyncrl installed."
             )
-        server.api.reload_method = "reload_weights"
+        api.reload_method = "reload_weights"
         logger.info("%s: vLLM without asyncrl's worker extension; %s has no tied head, so "
                     "vLLM's own reload_weights serves", server.root, model_name)  # fmt: skip
