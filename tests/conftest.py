@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from asyncrl.config.init_model import InitModelConfig
 from asyncrl.models.init_model import init_model
+
+# The most the suite holds under the temporary directory at once on two workers (passing tests'
+# directories are removed as they end; the real-model runs write checkpoints and broadcasts of
+# about 0.5 GB each), with a margin: measured in benchmarks/RESULTS.md, 2026-11-26 (afternoon).
+TEMPORARY_SPACE_NEEDED_GB = 4.0
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once, saying why, where the temporary directory's disk cannot hold the run: a
+    full disk otherwise shows up as hundreds of unrelated errors part-way through."""
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checked
+        return
+    root = tempfile.gettempdir()
+    free_gb = shutil.disk_usage(root).free / 1e9
+    if free_gb < TEMPORARY_SPACE_NEEDED_GB:
+        pytest.exit(
+            f"{root} has {free_gb:.1f} GB free; the tests need about "
+            f"{TEMPORARY_SPACE_NEEDED_GB:.0f} GB there at once (set TMPDIR to a roomier disk, or "
+            f"remove old /tmp/pytest-of-* sessions)",
+            returncode=3,
+        )
 
 
 @pytest.fixture(scope="session")

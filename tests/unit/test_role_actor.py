@@ -4,9 +4,29 @@ role's real command, hands its log out in pieces, and tells shared storage from 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from asyncrl.launch.role_actor import RoleActor
+
+
+@pytest.fixture(autouse=True)
+def _remove_scratch(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Every actor made here is cleaned up after its test, as the driver does before killing
+    one: each makes a scratch directory under the system's temporary directory."""
+    made: list[RoleActor] = []
+    original = RoleActor.__init__
+
+    def init_and_remember(self: RoleActor, label: str) -> None:
+        original(self, label)
+        made.append(self)
+
+    monkeypatch.setattr(RoleActor, "__init__", init_and_remember)
+    yield
+    for actor in made:
+        actor.cleanup()
 
 
 def test_probes_are_seen_only_where_the_directory_is_shared(tmp_path: Path) -> None:
