@@ -177,6 +177,10 @@ def serve_external(config: InferenceConfig) -> None:
     key = os.environ.get(config.api_key_var)
     key_file = private_key_file(key) if key and config.backend == "sglang" else None
     command, env = engine_command(config, key_file)
+    sockets = Path(tempfile.mkdtemp(prefix=f"asyncrl-{config.backend}-ipc-"))  # mode 0700
+    # vLLM names its ZeroMQ sockets in the temporary directory and leaves them there when it
+    # stops: given one of their own, they go when the server does
+    env["VLLM_RPC_BASE_PATH"] = str(sockets)
     logger.info("starting %s: %s", config.backend, " ".join(command))
     process = start(command, None, env)
 
@@ -195,6 +199,7 @@ def serve_external(config: InferenceConfig) -> None:
     finally:
         _remove(key_file)
         stop(process, grace=30.0)
+        shutil.rmtree(sockets, ignore_errors=True)
 
 
 def _remove(key_file: Path | None) -> None:
