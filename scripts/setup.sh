@@ -12,7 +12,9 @@ constraints="${CONSTRAINTS-constraints.txt}"
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-pip=("$venv/bin/python" -m pip install --quiet)
+# --no-compile: pip would byte-compile every installed module (vLLM, torch, ray: 40-50 s of
+# a 2-core set-up, measured); Python compiles the ones a run imports, once, on first use
+pip=("$venv/bin/python" -m pip install --quiet --no-compile)
 # pip warns once per package about unused local index folders; keep the log readable
 quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 if ! command -v nvidia-smi >/dev/null 2>&1; then

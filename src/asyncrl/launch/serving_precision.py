@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from asyncrl.config.rl import RLConfig
 from asyncrl.log import get_logger
-from asyncrl.precision import resolve_recipe
 
 logger = get_logger(__name__)
 
@@ -24,6 +23,11 @@ def serve_in_training_precision(config: RLConfig) -> RLConfig:
     """`inference.dtype: auto` becomes bfloat16 when the trainer will compute in bfloat16."""
     if config.inference.dtype != "auto" or config.inference.backend != "embedded":
         return config
+    if config.trainer.recipe == "fp32":
+        return config
+    # torch (1.5 s to import) only when the device must be asked: the launcher needs it nowhere else
+    from asyncrl.precision import resolve_recipe
+
     choice = resolve_recipe(config.trainer.recipe)
     if choice.recipe != "bf16":
         return config

@@ -20,15 +20,16 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from asyncrl.fs import atomic_directory, atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.run.layout import BROADCAST_STABLE, broadcast_dir, broadcasts_dir, broadcasts_lock
 from asyncrl.step_dirs import remove_steps_after, step_dirs
 from asyncrl.transport.fingerprint import weights_fingerprint
+
+if TYPE_CHECKING:  # only `publish_weights` takes tensors; the launcher reads markers, without torch
+    import torch
 
 logger = get_logger(__name__)
 

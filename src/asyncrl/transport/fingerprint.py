@@ -7,9 +7,12 @@ serves, so anyone can check that the two hold the same numbers.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import torch
 import xxhash
+
+if TYPE_CHECKING:  # torch only where tensors already are: the launcher imports this module
+    import torch
 
 
 def weights_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -19,6 +22,8 @@ def weights_fingerprint(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> st
     thread after every weight update, where sha256 over the quick start's 38 MB took 25-45 ms
     of generation time each step; XXH3 takes about 2 ms. The bytes are hashed where they lie
     (no copy)."""
+    import torch  # loaded already by whoever holds the tensors
+
     digest = xxhash.xxh3_128()
     for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
         data = tensor.detach().to("cpu").contiguous()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from asyncrl import precision
 from asyncrl.config.rl import RLConfig
 from asyncrl.launch import serving_precision
 from asyncrl.precision import DeviceReport, PrecisionChoice
@@ -22,7 +23,7 @@ def test_auto_follows_the_recipe_the_device_gets(
     device = DeviceReport("cpu", "a CPU", native, "a probe")
     recipe = "bf16" if native else "fp32"
     monkeypatch.setattr(
-        serving_precision, "resolve_recipe",
+        precision, "resolve_recipe",
         lambda requested: PrecisionChoice(recipe, requested, "probed", device),  # type: ignore[arg-type]
     )  # fmt: skip
     resolved = serving_precision.serve_in_training_precision(config())
