@@ -27,8 +27,7 @@ def choose_deployment(launcher: str, gpus: int, cores: int) -> tuple[str, str]:
 
 def machine_deployment(launcher: str) -> tuple[str, str]:
     """`choose_deployment` for this machine."""
-    import torch
-
     from asyncrl.cpu_affinity import usable_cores
+    from asyncrl.gpu_presence import gpu_count
 
-    return choose_deployment(launcher, torch.cuda.device_count(), len(usable_cores()))
+    return choose_deployment(launcher, gpu_count(), len(usable_cores()))

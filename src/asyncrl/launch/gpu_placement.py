@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from asyncrl.config.base import ConfigError
+from asyncrl.gpu_presence import gpu_count
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
 
@@ -46,9 +47,7 @@ def visible_gpus(environ: Mapping[str, str] | None = None, count: int | None = N
     if VISIBLE in environ:
         return [device.strip() for device in environ[VISIBLE].split(",") if device.strip()]
     if count is None:
-        import torch
-
-        count = torch.cuda.device_count()
+        count = gpu_count()
     return [str(index) for index in range(count)]
 
 

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from asyncrl.config.rl import RLConfig
+from asyncrl.gpu_presence import gpu_count
 from asyncrl.launch.roles import role_yaml
 from asyncrl.launch.supervisor import RoleSpec
 from asyncrl.run.layout import config_file, heartbeat_file, log_file
@@ -43,9 +44,7 @@ def judge_spec(
 def judge_threads() -> dict[str, str]:
     """One CPU thread on a CPU-only machine: the judge answers short prompts beside the roles
     that share the cores (a user's own OMP_NUM_THREADS wins; GPU machines are left alone)."""
-    import torch
-
-    if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
+    if gpu_count() or "OMP_NUM_THREADS" in os.environ:
         return {}
     return {"OMP_NUM_THREADS": "1"}
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from asyncrl.config.deployment import machine_deployment
 from asyncrl.config.rl import RLConfig
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
+from asyncrl.gpu_presence import gpu_count
 from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.roles import prepare_resume, role_yaml
@@ -62,9 +63,7 @@ def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
     each torch process use all of them (oversubscription slows both), and pin each to its
     half (`cpu_affinity.py`); a colocated trainer, whose engine and training take turns, gets
     every core. A user's own OMP_NUM_THREADS wins; GPU machines are left alone."""
-    import torch
-
-    if torch.cuda.is_available() or "OMP_NUM_THREADS" in os.environ:
+    if gpu_count() or "OMP_NUM_THREADS" in os.environ:
         return {role: {} for role in ROLES}
     cores = usable_cores()
     if colocated:
