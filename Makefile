@@ -96,11 +96,16 @@ demo-smollm2: smollm2
 # PYTEST_WORKERS=0 runs the suite in one process, in file order; then the `solo` tests, alone
 PYTEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+# beside another worker every process gets one thread, unpinned (a user's OMP_NUM_THREADS
+# turns the launcher's core split off): each run splits the cores as if it were alone, so both
+# workers' trainers were pinned to core 0 and both servers to core 1, waiting on each other
+# while the other core had room. The solo run below keeps the split, as a user's run has it.
+PARALLEL_ENV := $(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1)
 TEST_ENV := ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python
 test:
 	$(MAKE) -j2 test-deps vllm
 	$(MAKE) lint
-	$(TEST_ENV) $(BIN)/python -m pytest $(PARALLEL) -m "not solo" --durations=25 $(PYTEST_ARGS)  # the slowest tests: where CI time goes
+	$(TEST_ENV) $(PARALLEL_ENV) $(BIN)/python -m pytest $(PARALLEL) -m "not solo" --durations=25 $(PYTEST_ARGS)  # the slowest tests: where CI time goes
 	$(TEST_ENV) $(BIN)/python -m pytest -m solo $(PYTEST_ARGS)
 
 # the edit-test loop: lint and the unit tests (no vLLM, no Ray, no server start-ups), under 2 min
