@@ -98,8 +98,8 @@ PYTEST_WORKERS ?= 2
 PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 # beside another worker every process gets one thread, unpinned (a user's OMP_NUM_THREADS
 # turns the launcher's core split off): each run splits the cores as if it were alone, so both
-# workers' trainers were pinned to core 0 and both servers to core 1, waiting on each other
-# while the other core had room. The solo run below keeps the split, as a user's run has it.
+# workers' trainers were pinned to core 0 and both servers to core 1, and an on-policy run's
+# trainer queued behind the other's. The solo run below keeps the split, as a user's run has it.
 PARALLEL_ENV := $(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1)
 TEST_ENV := ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python
 test:
