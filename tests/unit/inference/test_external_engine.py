@@ -12,6 +12,7 @@ from asyncrl.inference.external_engine import (
     serve_external,
     sglang_command,
     vllm_command,
+    vllm_environment,
     vllm_lora_rank,
 )
 
@@ -52,6 +53,31 @@ def test_defaults_leave_optional_vllm_flags_out() -> None:
     for absent in ("--enable-lora", "--max-model-len", "--enforce-eager", "--hf-overrides",
                    "--enable-prefix-caching", "--no-enable-prefix-caching"):  # fmt: skip
         assert absent not in command
+
+
+def test_without_a_gpu_one_rank_runs_its_worker_in_the_engine_core_process() -> None:
+    config = InferenceConfig(model="m", backend="vllm")
+    command = vllm_command(config, gpus_possible=False)
+    assert flag(command, "--distributed-executor-backend") == "uni"
+    assert vllm_environment(config, gpus_possible=False)["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+@pytest.mark.parametrize(
+    ("gpus_possible", "update"),
+    [
+        (True, {}),  # vLLM's own choice on GPUs: uni for one rank already
+        (False, {"tp": 2}),  # ranks need processes of their own
+        (False, {"dp": 2}),
+        (False, {"extra_args": ["--distributed-executor-backend", "mp"]}),  # the user's word
+    ],
+)
+def test_vllms_executor_is_left_to_vllm_where_one_process_would_not_do(
+    gpus_possible: bool, update: dict
+) -> None:
+    config = InferenceConfig(model="m", backend="vllm", **update)
+    command = vllm_command(config, gpus_possible=gpus_possible)
+    assert command.count("--distributed-executor-backend") == len(config.extra_args) // 2
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_environment(config, gpus_possible)
 
 
 @pytest.mark.parametrize(("rank", "allowed"), [(1, 1), (2, 8), (8, 8), (9, 16), (300, 320)])
