@@ -6,15 +6,17 @@ built at start-up stays the old one: the served logits mix new and old weights (
 logprobs off by up to 1.5 after one step). `asyncrl_reload_weights` reloads, then repacks a tied
 head from the new embedding. The same repack serves the in-process engine (`vllm_inprocess.py`).
 
-Imported inside vLLM's worker processes (and by the orchestrator, for its name): torch only,
-never a role.
+Imported inside vLLM's worker processes (and by the orchestrator and `asyncrl infer`, for its
+name): nothing of a role, and torch only where a head is repacked, so the process that starts
+vLLM need not load it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 EXTENSION = "asyncrl.transport.vllm_worker_extension.AsyncrlWorkerExtension"
 
@@ -25,6 +27,8 @@ def refresh_tied_head(model: torch.nn.Module) -> bool:
     config = getattr(model, "config", None)
     if head is None or not getattr(config, "tie_word_embeddings", False):
         return False
+    import torch
+
     with torch.no_grad():
         head.quant_method.process_weights_after_loading(head)
     return True

@@ -1,7 +1,8 @@
 """The launcher of `asyncrl rl` (local and Ray) runs without torch on a machine with no GPU: it
 only reads configs and run directories and shares out cores, and importing torch costs 1.4 s
 of CPU (AMD EPYC Zen 4) and ~300 MB in a process that lives as long as the run. torch loads
-where tensors are: the roles, and the launcher's bf16 probe when a run's recipe is `auto`."""
+where tensors are: the roles, and the launcher's bf16 probe when a run's recipe is `auto`.
+The same holds for `asyncrl infer` as the parent of vLLM or SGLang, given an explicit dtype."""
 
 from __future__ import annotations
 
@@ -20,10 +21,18 @@ DECISIONS = (
     "from asyncrl.launch.gpu_placement import visible_gpus;"
     "machine_deployment('local'); thread_budget(); judge_threads(); visible_gpus({})"
 )
+# what `asyncrl infer --backend vllm` decides before it starts vLLM (the command, the dtype)
+EXTERNAL_ENGINE = (
+    "import asyncrl.cli;"
+    "from asyncrl.config.inference import InferenceConfig;"
+    "from asyncrl.inference.external_engine import engine_command, external_engine_dtype;"
+    "config = InferenceConfig(model='m', backend='vllm', dtype='float32');"
+    "engine_command(config); external_engine_dtype(config)"
+)
 
 
 @pytest.mark.parametrize(
-    "code", ["import asyncrl.launch.local", "import asyncrl.launch.ray", DECISIONS]
+    "code", ["import asyncrl.launch.local", "import asyncrl.launch.ray", DECISIONS, EXTERNAL_ENGINE]
 )
 def test_the_launcher_runs_without_torch(code: str) -> None:
     if code == DECISIONS and could_have_gpus():
