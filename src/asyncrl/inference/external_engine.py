@@ -16,10 +16,10 @@ temperature, and asyncrl's contract (and the trainer's importance ratios) is the
 distribution actually sampled from.
 
 On a machine with no GPU, a one-rank vLLM runs its model worker inside its engine-core process,
-as it does on one GPU: vLLM's CPU platform otherwise starts a third process for it, so that the
-worker starts with the OpenMP environment the platform sets, which the engine-core process,
-spawned after that, already has. The third process imported vLLM again: 10 s of CPU and 8 s
-of start-up per server (AMD EPYC Zen 4, the tiny model), and ~1 GB, for the same logprobs.
+as it does on one GPU. vLLM's CPU platform otherwise starts a third process for the worker, so
+that it starts with the OpenMP environment the platform sets; the engine-core process is spawned
+after that setting too, so it has the same environment. The third process imported vLLM again:
+10 s of CPU and 8 s of start-up per server (AMD EPYC Zen 4, the tiny model), same logprobs.
 """
 
 from __future__ import annotations
