@@ -20,6 +20,13 @@ as it does on one GPU. vLLM's CPU platform otherwise starts a third process for 
 that it starts with the OpenMP environment the platform sets; the engine-core process is spawned
 after that setting too, so it has the same environment. The third process imported vLLM again:
 10 s of CPU and 8 s of start-up per server (AMD EPYC Zen 4, the tiny model), same logprobs.
+
+Asked for eager (`enforce_eager`) on a machine with no GPU, vLLM runs with torch.compile off
+(`TORCHDYNAMO_DISABLE=1`, unless the environment sets it already). vLLM compiles no model then,
+but still compiles a sampler helper with inductor: the rank of each sampled token's logprob,
+which every asyncrl request asks for. Cold, that runs a C++ compiler: 12 s of CPU per server
+start, 1.5-2 s once inductor's cache in /tmp holds it (Zen 4, the tiny model). Eager, it is one
+comparison and a sum over [sequences × vocabulary], nothing on a CPU's memory.
 """
 
 from __future__ import annotations
@@ -62,6 +69,14 @@ def vllm_worker_in_engine_core(config: InferenceConfig, gpus_possible: bool | No
         gpus_possible = could_have_gpus()
     chosen = any(arg.startswith("--distributed-executor-backend") for arg in config.extra_args)
     return not gpus_possible and config.tp * config.dp == 1 and not chosen
+
+
+def vllm_compiles_nothing(config: InferenceConfig, gpus_possible: bool | None = None) -> bool:
+    """Whether vLLM runs with torch.compile off (see the module's docstring): eager asked for,
+    no GPU on this machine, and `TORCHDYNAMO_DISABLE` not set by the user."""
+    if gpus_possible is None:
+        gpus_possible = could_have_gpus()
+    return config.enforce_eager and not gpus_possible and "TORCHDYNAMO_DISABLE" not in os.environ
 
 
 def vllm_command(config: InferenceConfig, gpus_possible: bool | None = None) -> list[str]:
@@ -119,10 +134,13 @@ def vllm_environment(config: InferenceConfig, gpus_possible: bool | None = None)
     runtime LoRA loading needs its own switch. The key travels in the environment, never on
     the command line where `ps` shows it. vLLM's CPU platform keeps the `uni` executor only
     where V1 multiprocessing is off: the API server still starts its engine core as a process
-    of its own (its async client always does), and that process runs the worker."""
+    of its own (its async client always does), and that process runs the worker. Eager on a
+    machine with no GPU, torch.compile is off."""
     env = {"VLLM_SERVER_DEV_MODE": "1"}
     if vllm_worker_in_engine_core(config, gpus_possible):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if vllm_compiles_nothing(config, gpus_possible):
+        env["TORCHDYNAMO_DISABLE"] = "1"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if key := os.environ.get(config.api_key_var):

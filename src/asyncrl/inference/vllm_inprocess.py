@@ -39,6 +39,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
+from asyncrl.inference.external_engine import vllm_compiles_nothing
 from asyncrl.inference.sequences import Sequence, completion_output
 from asyncrl.log import get_logger
 from asyncrl.transport.vllm_worker_extension import refresh_tied_head
@@ -51,6 +52,10 @@ SLEEP_LEVEL = 1  # level 2 would also drop the weights: not safe with LoRA, whic
 class VllmInprocessEngine(EngineThread):
     def __init__(self, config: InferenceConfig) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
+        if vllm_compiles_nothing(config):  # as `asyncrl infer` starts vLLM (external_engine.py);
+            # read when vLLM's modules apply torch.compile, as they are imported below (setting
+            # torch._dynamo.config instead holds for this thread only, not the engine's)
+            os.environ["TORCHDYNAMO_DISABLE"] = "1"
         try:
             from vllm import EngineArgs
             from vllm.platforms import current_platform

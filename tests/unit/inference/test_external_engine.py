@@ -80,6 +80,19 @@ def test_vllms_executor_is_left_to_vllm_where_one_process_would_not_do(
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_environment(config, gpus_possible)
 
 
+def test_eager_without_a_gpu_vllm_compiles_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    eager = InferenceConfig(model="m", backend="vllm", enforce_eager=True)
+    assert vllm_environment(eager, gpus_possible=False)["TORCHDYNAMO_DISABLE"] == "1"
+    # compiling is vLLM's to decide where eager was not asked for, or on GPUs (where, vLLM's
+    # comment says, its rank count run eager copies [sequences × vocabulary] tensors: memory)
+    compiled = InferenceConfig(model="m", backend="vllm", enforce_eager=False)
+    assert "TORCHDYNAMO_DISABLE" not in vllm_environment(compiled, gpus_possible=False)
+    assert "TORCHDYNAMO_DISABLE" not in vllm_environment(eager, gpus_possible=True)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")  # the user's own setting is left alone
+    assert "TORCHDYNAMO_DISABLE" not in vllm_environment(eager, gpus_possible=False)
+
+
 @pytest.mark.parametrize(("rank", "allowed"), [(1, 1), (2, 8), (8, 8), (9, 16), (300, 320)])
 def test_lora_rank_rounds_up_to_a_rank_vllm_accepts(rank: int, allowed: int) -> None:
     assert vllm_lora_rank(rank) == allowed
