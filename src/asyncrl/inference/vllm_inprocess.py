@@ -54,7 +54,8 @@ class VllmInprocessEngine(EngineThread):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the model must live in this process
         if vllm_compiles_nothing(config):  # as `asyncrl infer` starts vLLM (external_engine.py);
             # read when vLLM's modules apply torch.compile, as they are imported below (setting
-            # torch._dynamo.config instead holds for this thread only, not the engine's)
+            # torch._dynamo.config instead holds for this thread only, not the engine's); this
+            # process's children inherit it, and asyncrl compiles nothing of its own
             os.environ["TORCHDYNAMO_DISABLE"] = "1"
         try:
             from vllm import EngineArgs
