@@ -40,6 +40,16 @@ def setup_logging(level: str | None = None, log_file: str | None = None) -> None
         root.addHandler(file_handler)
 
 
+def forget_logging_setup() -> None:
+    """Undo `setup_logging` in a process forked from one that had set it up (a role forked by the
+    launcher, `launch/role_fork.py`): its handlers wrote to the parent's streams."""
+    global _configured
+    root = logging.getLogger(_ROOT)
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    _configured = False
+
+
 def get_logger(name: str) -> logging.Logger:
     """A child of the `asyncrl` logger; `name` is usually `__name__`."""
     if not name.startswith(_ROOT):

@@ -18,11 +18,24 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 
 logger = get_logger(__name__)
+
+
+class ChildProcess(Protocol):
+    """What starting a child gives back and stopping one needs: a `subprocess.Popen`, or a role
+    forked by the launcher (`launch/role_fork.py`)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
 
 
 def start(
@@ -53,7 +66,7 @@ def start(
             log.close()
 
 
-def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
+def stop(process: ChildProcess, grace: float = 15.0) -> None:
     """SIGTERM the child's whole group, then SIGKILL after `grace` seconds."""
     if process.poll() is not None:
         return
@@ -66,7 +79,7 @@ def stop(process: subprocess.Popen[bytes], grace: float = 15.0) -> None:
         process.wait()
 
 
-def kill_group(process: subprocess.Popen[bytes]) -> None:
+def kill_group(process: ChildProcess) -> None:
     """SIGKILL the child's whole group and reap it. A group already gone (it ended between
     the caller's `poll()` and now, and was reaped) is no error: it is what was wanted."""
     with contextlib.suppress(ProcessLookupError):
@@ -90,7 +103,7 @@ def answers_health(url: str) -> bool:
         return False
 
 
-def wait_healthy(url: str, process: subprocess.Popen[bytes], timeout: float) -> None:
+def wait_healthy(url: str, process: ChildProcess, timeout: float) -> None:
     """Poll `url/health` until 200; raise if the process dies or time runs out."""
     deadline = time.monotonic() + timeout
     while True:

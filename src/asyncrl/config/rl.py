@@ -80,6 +80,13 @@ class RLConfig(StrictModel):
         "role; unset: colocated gives the trainer all, disaggregated gives the trainer the last "
         "`trainer.world_size` and the server the rest (docs/deployment.md).",
     )
+    role_start: Literal["fork", "exec"] = Field(
+        "fork",
+        description="(launcher: local) How a role process starts: `fork`: from the launcher, "
+        "which imports torch and transformers once for every role and restart (each role "
+        "saves their 3-5 s of imports; a role vLLM's venv runs is exec'd still); `exec`: a "
+        "fresh interpreter per role, `python -m asyncrl.cli <role> <config>`.",
+    )
     restart: RestartConfig = Field(
         default_factory=RestartConfig,
         description="Restart a role that dies or hangs, from its last checkpoint (unset "

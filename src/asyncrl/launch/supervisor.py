@@ -13,7 +13,6 @@ and the end of its log; past the budget the run stops with `RoleFailed`.
 from __future__ import annotations
 
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +22,10 @@ from asyncrl.config.restart import RestartConfig
 from asyncrl.config.rl import RLConfig
 from asyncrl.heartbeat import HEARTBEAT_ENV, clear_heartbeat, silent_for
 from asyncrl.launch.live_view import LiveView
+from asyncrl.launch.role_fork import can_fork_now, fork_role, role_command
 from asyncrl.launch.roles import RoleFailed, reporter_for
 from asyncrl.log import get_logger
-from asyncrl.processes import kill_group, start, tail
+from asyncrl.processes import ChildProcess, kill_group, start, tail
 from asyncrl.run.layout import metrics_file
 
 logger = get_logger(__name__)
@@ -43,6 +43,7 @@ class RoleSpec:
     env: dict[str, str] = field(default_factory=dict)
     finishes: bool = True  # a server (infer) runs until stopped: exiting at all is a failure
     cannot_restart: str | None = None  # why this role cannot be restarted in this config
+    fork: bool = False  # forked from the launcher when it can be (`role_fork.py`), not exec'd
 
 
 # what a restarted role is given on top of its first command: resume from its last checkpoint
@@ -139,9 +140,11 @@ class SupervisedRole:
     def restarts(self) -> int:
         return self.budget.restarts
 
-    def _start(self, command: list[str]) -> subprocess.Popen[bytes]:
+    def _start(self, command: list[str]) -> ChildProcess:
         clear_heartbeat(self.spec.heartbeat)  # a new process (and its ranks) beats afresh
         env = {**self.spec.env, HEARTBEAT_ENV: str(self.spec.heartbeat)}
+        if self.spec.fork and role_command(command) is not None and can_fork_now():
+            return fork_role(command, self.spec.log, env)
         return start(command, self.spec.log, env)
 
     def check(self, now: float | None = None) -> None:

@@ -32,10 +32,12 @@ ASYNC_LEVEL = 1
 OFF_POLICY = 2
 
 
-def start_run(config: Path, hang_timeout: float = 120) -> subprocess.Popen[str]:
+def start_run(
+    config: Path, hang_timeout: float = 120, backoff: float = 0.5
+) -> subprocess.Popen[str]:
     command = [
         sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", str(STEPS),
-        "--restart.backoff", "0.5", "--restart.hang_timeout", str(hang_timeout),
+        "--restart.backoff", str(backoff), "--restart.hang_timeout", str(hang_timeout),
     ]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -74,7 +76,9 @@ def test_a_sigkilled_role_is_restarted_and_no_step_is_lost_or_repeated(
     config = rl_config(
         tiny_model_dir, output, max_off_policy_steps=OFF_POLICY, ckpt={"interval": 2}
     )
-    launcher = start_run(config)
+    # a server back within the orchestrator's retries (0.5 + 1 + 2 s) is never seen down: its
+    # restart is held past them, so that the orchestrator marks it down and revives it
+    launcher = start_run(config, backoff=4.0 if role == "infer" else 0.5)
     wait_for_server_version(config, 3, launcher)  # past the checkpoint of step 2
     if role == "train":  # with the server on weights newer than the trainer's checkpoint
         served, checkpoint = stop_trainer_ahead_of_its_checkpoint(output, config, launcher)
