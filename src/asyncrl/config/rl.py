@@ -84,8 +84,9 @@ class RLConfig(StrictModel):
         "fork",
         description="(launcher: local) How a role process starts: `fork`: from the launcher, "
         "which imports torch and transformers once for every role and restart (each role "
-        "saves their 3-5 s of imports; a role vLLM's venv runs is exec'd still); `exec`: a "
-        "fresh interpreter per role, `python -m asyncrl.cli <role> <config>`.",
+        "saves their 3-5 s of imports; a role vLLM's venv runs is exec'd still, and every "
+        "role on a machine with a GPU driver, where the launcher has asked CUDA for its "
+        "devices); `exec`: a fresh interpreter per role, `python -m asyncrl.cli <role> <config>`.",
     )
     restart: RestartConfig = Field(
         default_factory=RestartConfig,

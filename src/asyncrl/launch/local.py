@@ -25,7 +25,7 @@ from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.gpu_presence import gpu_count
 from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
-from asyncrl.launch.role_fork import preload
+from asyncrl.launch.role_fork import forking_roles, preload
 from asyncrl.launch.roles import prepare_resume, role_yaml
 from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
@@ -129,13 +129,13 @@ def role_specs(
             heartbeat_file(output, role), env,
             finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
-            fork=config.role_start == "fork",
+            fork=forking_roles(config.role_start),
         )  # fmt: skip
     return specs
 
 
 def run_rl(config: RLConfig) -> None:
-    if config.role_start == "fork":
+    if forking_roles(config.role_start):
         preload()  # once, for every role and restart (`role_fork.py`)
     output = Path(config.output_dir)
     config = serve_in_training_precision(prepare_resume(config))
@@ -147,7 +147,7 @@ def run_rl(config: RLConfig) -> None:
     specs = role_specs(config, write_role_configs(config, output), output, gpus=gpus)
     judge = judge_spec(config, output, role_environment(gpus, "judge"))
     if judge is not None:
-        judge.fork = config.role_start == "fork"
+        judge.fork = forking_roles(config.role_start)
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"

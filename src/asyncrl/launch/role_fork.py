@@ -14,7 +14,9 @@ logging handlers and console, its torch thread count (libgomp read `OMP_NUM_THRE
 launcher imported torch, so the child sets the role's own), its numpy random state. The
 launcher only imports: it never runs a torch kernel, so no OpenMP pool is forked mid-use.
 
-`role_start: exec` in the run's config turns this off (a fresh interpreter per role).
+`role_start: exec` in the run's config turns this off (a fresh interpreter per role), and so
+does a GPU driver on the machine: the launcher then asks CUDA how many devices there are, which
+initializes a driver that no forked child may use.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from asyncrl.gpu_presence import could_have_gpus
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import forget_logging_setup, get_logger
 
@@ -54,6 +57,11 @@ PRELOAD = (
 
 _preloaded = False
 SESSION_DEADLINE_S = 30.0  # a child that has not set its session by then is left to `poll`
+
+
+def forking_roles(role_start: str) -> bool:
+    """Whether this launcher forks its roles: asked to, on a machine without a GPU driver."""
+    return role_start == "fork" and hasattr(os, "fork") and not could_have_gpus()
 
 
 def role_command(command: Sequence[str]) -> list[str] | None:

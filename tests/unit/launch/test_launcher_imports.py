@@ -1,7 +1,9 @@
-"""The launcher of `asyncrl rl` (local and Ray) runs without torch on a machine with no GPU: it
-only reads configs and run directories and shares out cores, and importing torch costs 1.4 s
+"""The launcher of `asyncrl rl` (local and Ray) decides without torch on a machine with no GPU:
+it only reads configs and run directories and shares out cores, and importing torch costs 1.4 s
 of CPU (AMD EPYC Zen 4) and ~300 MB in a process that lives as long as the run. torch loads
-where tensors are: the roles, and the launcher's bf16 probe when a run's recipe is `auto`.
+where tensors are: the roles, and the launcher's bf16 probe when a run's recipe is `auto`; and
+with `role_start: fork` the local launcher imports it on purpose, once, for the roles it forks
+(`launch/role_fork.py`), after these decisions.
 The same holds for `asyncrl infer` as the parent of vLLM or SGLang, given an explicit dtype."""
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import asyncrl.cli
-from asyncrl.launch.role_fork import fork_role, role_command
+import asyncrl.launch.role_fork
+from asyncrl.launch.role_fork import fork_role, forking_roles, role_command
 
 
 def command(*arguments: str) -> list[str]:
@@ -29,6 +30,15 @@ def test_only_this_interpreters_asyncrl_commands_are_forked() -> None:
     assert role_command([sys.executable, "-c", "pass"]) is None
     with pytest.raises(ValueError, match="not an asyncrl command"):
         fork_role([sys.executable, "-c", "pass"], Path("unused.log"), {})
+
+
+def test_roles_are_exec_d_where_asked_or_where_a_gpu_driver_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(asyncrl.launch.role_fork, "could_have_gpus", lambda: False)
+    assert forking_roles("fork") and not forking_roles("exec")
+    monkeypatch.setattr(asyncrl.launch.role_fork, "could_have_gpus", lambda: True)
+    assert not forking_roles("fork")  # the launcher asks CUDA: no fork may use it after
 
 
 def test_a_forked_role_sees_what_a_fresh_process_would(
