@@ -61,8 +61,12 @@ install() {
     [ "${ASYNCRL_COMPILE:-1}" = 0 ] && compile=()
     if find_uv "$venv"; then
         "$uv" pip install --quiet --python "$venv/bin/python" "${compile[@]}" \
-            --index-strategy unsafe-best-match "${uv_sources[@]}" "$@"
-    elif [ "${ASYNCRL_COMPILE:-1}" = 0 ]; then
+            --index-strategy unsafe-best-match "${uv_sources[@]}" "$@" && return 0
+        # a registry uv cannot reach, or a source pip's settings describe that uv reads
+        # otherwise: pip has the last word, and an error that is real shows again below
+        echo "uv failed (above); installing with pip" >&2
+    fi
+    if [ "${ASYNCRL_COMPILE:-1}" = 0 ]; then
         quiet "$venv/bin/python" -m pip install --quiet --no-compile "$@"
     else
         quiet "$venv/bin/python" -m pip install --quiet "$@"
