@@ -18,9 +18,10 @@ quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >
 # pip's configuration (files and PIP_* variables, as `pip config list` shows them) as uv flags
 uv_sources=()
 read_pip_sources() {
-    local line key value item
+    local line key value item index="" env_index=""
     while IFS= read -r line; do
         key="${line%%=*}"
+        local section="${key%%.*}"
         key="${key##*.}"
         value="${line#*=}"
         value="${value#\'}"
@@ -31,11 +32,14 @@ read_pip_sources() {
                 [[ " ${uv_sources[*]} " == *" $item "* ]] || uv_sources+=("--$key" "$item")
             done
             ;;
-        index-url) uv_sources+=(--index-url "$value") ;;
+        index-url) # one index: PIP_INDEX_URL over the files, as pip has it
+            if [ "$section" = ":env:" ]; then env_index="$value"; else index="$value"; fi ;;
         cert) export SSL_CERT_FILE="${SSL_CERT_FILE:-$value}" ;;
         timeout | default-timeout) export UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-$value}" ;;
         esac
     done < <("$1/bin/python" -m pip config list 2>/dev/null)
+    index="${env_index:-$index}"
+    if [ -n "$index" ]; then uv_sources+=(--index-url "$index"); fi
 }
 
 # sets `uv` to a uv binary, or returns 1 where pip must do
