@@ -72,11 +72,16 @@ def supported_architectures() -> list[str]:
 
 
 def convert_gguf(
-    gguf_file: Path, output_dir: Path, dtype: str = "float32", source: dict[str, Any] | None = None
+    gguf_file: Path,
+    output_dir: Path,
+    dtype: str = "float32",
+    source: dict[str, Any] | None = None,
+    beside: dict[str, bytes] | None = None,
 ) -> Path:
     """Write `gguf_file` as a model directory at `output_dir` (atomically: a reader never sees a
     half-written one). `source` goes into the directory's marker file beside the file's own
-    description. Returns `output_dir`."""
+    description; `beside` ({file name: bytes}: the weights' licence, model card) is written
+    with the weights, so the terms travel with every copy. Returns `output_dir`."""
     header = read_header(gguf_file)
     if header.architecture not in supported_architectures():
         raise GGUFError(
@@ -115,6 +120,8 @@ def convert_gguf(
             "note": "weights dequantized from the GGUF file: they are the quantized model's, "
             "not the original float checkpoint's",
         }
+        for name, data in (beside or {}).items():
+            (staging / name).write_bytes(data)
         (staging / MARKER).write_text(json.dumps(description, indent=2) + "\n")
     logger.info("get-model: %s (%.1f M parameters) saved to %s", header.name, parameters / 1e6,
                 output_dir)  # fmt: skip

