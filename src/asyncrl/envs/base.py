@@ -21,6 +21,7 @@ class Example:
     task: str
     info: dict[str, Any] = field(default_factory=dict)
     prompt_token_ids: list[int] | None = None  # a pre-tokenized prompt, sent as token ids
+    source: str | None = None  # where it was read (`file:line`), for messages that name it
 
 
 EVAL_BUCKETS = 8  # one generated problem in eight (by hash) belongs to the held-out split

@@ -27,6 +27,7 @@ from asyncrl.envs.answers import boxed
 from asyncrl.envs.base import Example, RewardFunction, Split, split_of
 from asyncrl.envs.jsonl_file import read_jsonl
 from asyncrl.envs.math_answers import same_answer
+from asyncrl.envs.prompt_ids import shape_problem
 from asyncrl.envs.reverse_text import lcs_ratio
 
 
@@ -49,7 +50,7 @@ class JsonlDataset:
         if reward in built_in:
             self.rubric = [RewardFunction(reward, built_in[reward])]
         elif ":" in reward:
-            function = function_at(reward)
+            function = function_at(reward, key="reward")
             self.rubric = [RewardFunction(reward.rpartition(":")[2], function)]  # type: ignore[arg-type]
         else:
             raise ValueError(
@@ -60,7 +61,10 @@ class JsonlDataset:
         self.records = self._read(Path(path), needs_answer)
         self.eval_records = self._read(Path(eval_path), needs_answer) if eval_path else None
 
-    def _read(self, path: Path, needs_answer: bool) -> list[dict[str, Any]]:
+    def _read(self, path: Path, needs_answer: bool) -> list[tuple[str, dict[str, Any]]]:
+        """The file's records, each with its `path:line` (for `Example.source`). Token ids are
+        checked for their shape here; against the tokenizer and `seq_len` by the orchestrator,
+        which knows them (`orchestrator/prompt_checks.py`)."""
         records = []
         for number, record in read_jsonl(path):
             if self.input_key not in record and "input_token_ids" not in record:
@@ -69,7 +73,10 @@ class JsonlDataset:
                 raise ValueError(
                     f"{path}:{number}: needs `{self.answer_key}` (the reward compares with it)"
                 )
-            records.append(record)
+            problem = "input_token_ids" in record and shape_problem(record["input_token_ids"])
+            if problem:
+                raise ValueError(f"{path}:{number}: {problem}")
+            records.append((f"{path}:{number}", record))
         return records
 
     def examples(self, split: Split, count: int) -> list[Example]:
@@ -77,14 +84,18 @@ class JsonlDataset:
         if self.eval_records is not None:
             chosen = self.eval_records if split == "eval" else self.records
         else:
-            chosen = [r for r in self.records if split_of(json.dumps(r, sort_keys=True)) == split]
+            chosen = [
+                (source, record)
+                for source, record in self.records
+                if split_of(json.dumps(record, sort_keys=True)) == split
+            ]
         if not chosen:
             held_out = "the eval_path file" if self.eval_records is not None else "one line in 8"
             raise ValueError(f"{self.name}: no {split} records ({held_out} is held out)")
-        return [self._example(index % len(chosen), chosen[index % len(chosen)])
+        return [self._example(index % len(chosen), *chosen[index % len(chosen)])
                 for index in range(count)]  # fmt: skip
 
-    def _example(self, index: int, record: dict[str, Any]) -> Example:
+    def _example(self, index: int, source: str, record: dict[str, Any]) -> Example:
         messages = [{"role": "user", "content": str(record.get(self.input_key, ""))}]
         if self.system_prompt:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
@@ -96,6 +107,7 @@ class JsonlDataset:
             task=self.name,
             info={key: value for key, value in record.items() if key not in own},
             prompt_token_ids=record.get("input_token_ids"),
+            source=source,
         )
 
     def exact(self, completion: str, example: Example) -> float:

@@ -26,6 +26,7 @@ import sys
 import traceback
 from typing import Any, TextIO
 
+from asyncrl.config.import_path import user_code_runs_here
 from asyncrl.envs.base import Example
 from asyncrl.envs.multi_turn import reply_problems
 from asyncrl.envs.registry import load_environment
@@ -66,6 +67,7 @@ def main() -> None:
     tasks, channel = private_channels()
     spec = json.loads(sys.argv[1])
     limit_memory(spec.get("memory_limit"))
+    user_code_runs_here()  # a reward by import path is imported here, not checked elsewhere
     env = load_environment(spec["id"], spec.get("args") or {})
     for line in tasks:
         task = json.loads(line)

@@ -21,13 +21,15 @@ def write(path: Path, records: list[dict]) -> Path:
 
 @pytest.fixture
 def reward_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A user's reward module on sys.path, which records that it was imported."""
+    """A user's reward module on sys.path and PYTHONPATH (where the reward workers and the
+    process that checks it at start-up find it), which records that it was imported."""
     (tmp_path / "my_rewards.py").write_text(
         "IMPORTED = True\n"
         "def by_column(completion, example):\n"
         "    return float(completion.strip() == example.info['expected'])\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_rewards", raising=False)
     return "my_rewards:by_column"
 
@@ -119,3 +121,60 @@ def test_a_completions_file_naming_no_example_is_refused_by_line(tmp_path: Path)
         path = write(tmp_path / "bad.jsonl", [bad])
         with pytest.raises(EnvironmentLoadError, match=rf"bad\.jsonl:1: .*{message}"):
             completions_for(ScoreConfig(**config, completions_file=str(path)), examples)
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        ("[1, 2]", "is a string, not a list of token ids"),
+        (None, "is null"),
+        ([], "is empty"),
+        ([1, 2.5], r"`input_token_ids\[1\]` is 2.5, not a whole number"),
+        ([1, True], r"`input_token_ids\[1\]` is True, not a whole number"),
+        ([3, -1], r"`input_token_ids\[1\]` is -1, a negative token id"),
+        ({"ids": [1]}, "is a dict, not a list"),
+    ],
+)
+def test_token_ids_that_are_no_list_of_ids_are_refused_at_start_by_line(
+    tmp_path: Path, ids: object, message: str
+) -> None:
+    """A string was sent as a raw text prompt; the rest were refused by the server each time
+    the line was drawn, stopping the run."""
+    data = write(tmp_path / "d.jsonl", [{"input_token_ids": [1, 2], "answer": "a"},
+                                        {"input_token_ids": ids, "answer": "a"}])  # fmt: skip
+    with pytest.raises(EnvironmentLoadError, match=rf"d\.jsonl:2: .*{message}"):
+        load_environment("jsonl", {"path": str(data)})
+
+
+def test_each_example_knows_the_line_it_came_from(tmp_path: Path) -> None:
+    data = write(tmp_path / "d.jsonl", [{"input": f"q{i}", "answer": "a"} for i in range(3)])
+    env = load_environment("jsonl", {"path": str(data), "eval_path": str(data)})
+    sources = [example.source for example in env.examples("eval", 3)]
+    assert sources == [f"{data}:1", f"{data}:2", f"{data}:3"]
+    assert all("source" not in example.info for example in env.examples("eval", 3))
+
+
+def test_a_misspelled_reward_function_is_a_config_error_naming_key_and_attribute(
+    tmp_path: Path, reward_module: str
+) -> None:
+    """Only the top-level module was looked up: the typo passed start-up and every reward then
+    scored 0. The module is imported in a process of its own, never in this one."""
+    data = write(tmp_path / "d.jsonl", [{"input": "q", "expected": "e"}])
+    with pytest.raises(
+        EnvironmentLoadError, match=r"`reward: my_rewards:by_colum`: module `my_rewards` has no "
+        r"attribute `by_colum` \(its functions: by_column\)"
+    ):  # fmt: skip
+        load_environment("jsonl", {"path": str(data), "reward": "my_rewards:by_colum"})
+    assert "my_rewards" not in sys.modules
+
+
+def test_a_reward_module_that_fails_to_import_is_a_config_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_rewards.py").write_text("import no_such_dependency_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    data = write(tmp_path / "d.jsonl", [{"input": "q", "expected": "e"}])
+    with pytest.raises(EnvironmentLoadError, match=r"`reward: broken_rewards:f`: importing "
+                       r"`broken_rewards` failed: ModuleNotFoundError"):  # fmt: skip
+        load_environment("jsonl", {"path": str(data), "reward": "broken_rewards:f"})
