@@ -26,6 +26,7 @@ from asyncrl.inference.prefix_cache import PrefixCache
 from asyncrl.inference.sampling import SampleResult, SequenceView, sample
 from asyncrl.inference.sequences import Request, Sequence, completion_output
 from asyncrl.log import get_logger
+from asyncrl.models.attention_layers import check_attention_layers, layer_masks
 
 logger = get_logger(__name__)
 
@@ -55,6 +56,7 @@ class Engine(EngineThread):
         self.device = next(model.parameters()).device  # every tensor the engine makes goes here
         self._no_history = torch.zeros(0, dtype=torch.long, device=self.device)
         config = model.config
+        check_attention_layers(config, "the embedded engine")
         head_dim = (
             getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         )
@@ -262,10 +264,14 @@ class Engine(EngineThread):
         # at a real vocabulary it is a fifth of a token's work, and [rows, width, vocab] logits
         # of a long prefill would be hundreds of MB
         positions = torch.unique(last)  # sorted: row i's logits are at searchsorted(…, last[i])
+        query_positions = self.cache.position_ids()  # [rows, width]
+        mask = self.cache.attention_mask()  # [rows, 1, width, kv_len]
+        key_positions = torch.arange(mask.shape[-1], device=self.device).unsqueeze(0)
         logits = self.model(
             input_ids=torch.tensor(rows, device=self.device),
-            position_ids=self.cache.position_ids(),
-            attention_mask=self.cache.attention_mask(),
+            position_ids=query_positions,
+            # per layer type: a sliding-window layer (Gemma 3) must not see past its window
+            attention_mask=layer_masks(self.model.config, mask, query_positions, key_positions),
             use_cache=True,
             logits_to_keep=positions,
             **{self._cache_argument: self.cache},

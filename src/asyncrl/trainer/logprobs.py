@@ -7,8 +7,10 @@ once, neither in the forward pass nor among the tensors autograd keeps for the b
 recomputes one chunk's logits at a time). Logits are divided by each token's sampling
 temperature before the softmax, as the inference engine did when it sampled.
 
-Assumes logits = lm_head(final hidden state), true of Llama- and Qwen-family models; a model
-that post-processes logits (soft-capping, scaling) needs that step added here.
+Logits are lm_head(final hidden state), soft-capped where the model's config says so
+(`final_logit_softcapping`: Gemma 2; None in Gemma 3), as the model's own forward does. A
+shared-prefix row's ready mask is given per layer type (`models/attention_layers.py`), so a
+sliding-window layer (Gemma 3) sees no further back than the server's did.
 
 Under FSDP2 the decoder and head are called without the root's `forward`, so the computation is
 registered as an FSDP forward method of the root (`register_fsdp_logprobs`): FSDP then gathers
@@ -24,6 +26,7 @@ import torch
 from torch.distributed.fsdp import register_fsdp_forward_method
 from torch.utils.checkpoint import checkpoint
 
+from asyncrl.models.attention_layers import layer_masks
 from asyncrl.trainer.packing import PackedBatch
 
 
@@ -58,9 +61,16 @@ def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn
 
 
 def _chunk(
-    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+    head: torch.nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float() / temperature.unsqueeze(-1)  # [chunk, vocab]
+    logits = head(hidden).float()  # [chunk, vocab]
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    logits = logits / temperature.unsqueeze(-1)
     normaliser = torch.logsumexp(logits, dim=-1)
     picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
@@ -92,10 +102,15 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
     if batch.loss_mask[:, 0].any():
         raise ValueError("a row starts with a loss token, which nothing predicts")
     decoder, head = _decoder_and_head(model)
+    config = decoder.config
+    mask = batch.attention_mask
+    if mask is not None:
+        mask = layer_masks(config, mask, batch.position_ids, batch.position_ids)
     hidden = decoder(
         input_ids=batch.input_ids, position_ids=batch.position_ids,
-        attention_mask=batch.attention_mask, use_cache=False,
+        attention_mask=mask, use_cache=False,
     ).last_hidden_state  # [rows, seq_len, hidden]  # fmt: skip
+    softcap = getattr(config, "final_logit_softcapping", None)
     if batch.predictor is None:
         targets_mask = batch.loss_mask[:, 1:]  # position t predicts token t + 1
         hidden = hidden[:, :-1][targets_mask]  # [T, hidden]
@@ -113,7 +128,7 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
         # one chunk: recomputing it in the backward pass (checkpointing) would hold no less
         # memory at the peak, where its logits and their gradient coexist either way, and would
         # run the head and the entropy twice (a real vocabulary makes that ~6 % of a step)
-        return _chunk(head, hidden, targets, temperatures)
+        return _chunk(head, hidden, targets, temperatures, softcap)
     pieces = [
         checkpoint(
             _chunk,
@@ -121,6 +136,7 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
             hidden[start : start + chunk_size],
             targets[start : start + chunk_size],
             temperatures[start : start + chunk_size],
+            softcap,
             use_reentrant=False,
         )
         for start in range(0, targets.shape[0], chunk_size)

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from asyncrl.config.training import TrainingConfig
 from asyncrl.log import get_logger
+from asyncrl.models.attention_layers import check_attention_layers
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.precision import PrecisionChoice, default_device, resolve_recipe
 from asyncrl.trainer.quantized_base import (
@@ -71,6 +72,7 @@ def load_model(config: TrainingConfig, dense_mask: bool = False) -> torch.nn.Mod
         attn_implementation=attention_implementation(dense_mask),
         **loading_arguments(quantization, default_device()),
     )
+    check_attention_layers(model.config, "the trainer")
     if quantization is not None:
         prepare_quantized_base(model)
     elif torch.cuda.is_available():
