@@ -1,5 +1,8 @@
 """Waiting for another process, out loud: say what we wait for at once and every 30 s, and give
-up with TimeoutError after `timeout` seconds (None: wait as long as it takes)."""
+up with TimeoutError after `timeout` seconds, the message naming what was waited for and the
+config key that sets the deadline (`key`), so a user knows what did not come and what to
+raise. Every wait in asyncrl has a deadline by default; None (as long as it takes) is left
+for a caller whose own deadline bounds it."""
 
 from __future__ import annotations
 
@@ -17,8 +20,10 @@ class Wait:
         timeout: float | None = None,
         every: float = 30.0,
         first_report_after: float = 0.0,
+        key: str | None = None,
     ) -> None:
         self.what, self.logger, self.timeout, self.every = what, logger, timeout, every
+        self.key = key
         self.started = time.monotonic()
         self.next_report = self.started + first_report_after
 
@@ -26,7 +31,10 @@ class Wait:
         now = time.monotonic()
         waited = now - self.started
         if self.timeout is not None and waited > self.timeout:
-            raise TimeoutError(f"gave up waiting for {self.what} after {self.timeout:.0f} s")
+            setting = f" (the deadline is `{self.key}`)" if self.key else ""
+            raise TimeoutError(
+                f"gave up waiting for {self.what} after {self.timeout:.0f} s{setting}"
+            )
         if now >= self.next_report:
             self.logger.info("waiting for %s (%.0f s so far)", self.what, waited)
             self.next_report = now + self.every

@@ -37,6 +37,7 @@ from asyncrl.transport.weights.registry import open_intake
 from asyncrl.transport.weights.route import WeightIntake
 from asyncrl.web.api_key import ApiKeyGuard
 from asyncrl.web.body_limit import BodySizeLimit
+from asyncrl.web.server_instance import ServerInstance
 
 logger = get_logger(__name__)
 
@@ -110,6 +111,7 @@ def build_app(
     )
     if api_key is not None:  # added last: runs first
         app.add_middleware(ApiKeyGuard, api_key=api_key)
+    app.add_middleware(ServerInstance)  # outermost: refusals say which start of the server too
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, error: APIError) -> JSONResponse:

@@ -25,8 +25,10 @@ from asyncrl.orchestrator.engine_api import ENGINES, ChatTemplate, EngineAPI, id
 from asyncrl.orchestrator.generation import (
     RETRIES,
     InferenceUnavailable,
+    RequestRejected,
     Server,
     ServerDown,
+    ServerError,
     generate_on,
     least_loaded,
     request,
@@ -72,20 +74,29 @@ class ClientPool:
     async def _probe(self, server: Server, model_name: str | None) -> None:
         """Wait for the server to come up, check it serves the model, learn its engine and
         weights version."""
-        wait = Wait(f"{server.root}/health", logger, self.config.startup_timeout)
+        wait = Wait(f"{server.root}/health", logger, self.config.startup_timeout,
+                    key="orchestrator.client.startup_timeout")  # fmt: skip
         server.state = "down"  # until it answers: no "is down" warning while it starts
         while True:
             try:
                 await self.request(server, "GET", f"{server.root}/health", retries=1)
                 break
-            except InferenceUnavailable as error:
+            except (InferenceUnavailable, ServerError) as error:
                 try:
                     wait.check()
-                except TimeoutError:
-                    raise InferenceUnavailable(f"{server.root} never came up: {error}") from None
+                except TimeoutError as timeout:
+                    raise InferenceUnavailable(
+                        f"{server.root} never came up: {error} ({timeout})"
+                    ) from None
                 await asyncio.sleep(1.0)
         if not self.config.skip_model_check and model_name is not None:
-            models = await self.request(server, "GET", f"{server.base_url}/models")
+            try:
+                models = await self.request(server, "GET", f"{server.base_url}/models")
+            except RequestRejected as error:
+                hint = ""
+                if error.status in (401, 403):
+                    hint = f" (the API key is ${self.config.api_key_var}: is it the server's?)"
+                raise InferenceUnavailable(f"{error}{hint}") from None
             served = [entry["id"] for entry in models.get("data", [])]
             if model_name not in served:
                 raise InferenceUnavailable(
@@ -207,7 +218,7 @@ class ClientPool:
                 await self.request(server, "GET", f"{server.root}/health", retries=1)
                 server.version = (await (await self.api(server)).version()) or 0
                 server.fingerprint = server.base = None  # a restarted server: its own weights
-            except InferenceUnavailable:
+            except (InferenceUnavailable, ServerError, RequestRejected):
                 server.state = "down"
                 return
             server.state = "back"

@@ -10,9 +10,18 @@ answer happens here, in three loops read from the outside in:
   where its prefix is cached), else to the least-loaded one that is up; a server that goes down
   midway hands the request to another, or it waits for one to come back
   (`client.startup_timeout`);
-- the HTTP call (`request`): connection errors and 5xx are retried with exponential backoff, and
-  a server that fails every attempt is marked down. The engine's API (`engine_api.py`) only
-  translates a generate request and its answer; its admin calls use the same `request`.
+- the HTTP call (`request`): connection errors and the answers of a server that cannot serve
+  now (502, 503 — the engine's own refusal of a full queue —, 504, 408, 429) are retried with
+  exponential backoff, and a server that fails every attempt is marked down. Any other 5xx is a
+  server that answers but fails: retried the same, then `ServerError` names the URL and what it
+  said (the server is not down, and asking it for ever would never end). A 4xx is the server
+  judging the request: `RequestRejected` at once, never an outage; a rollout's caller skips the
+  example for a rejection of its content (`RequestRejected.of_example`) and stops for the rest
+  (a wrong key, an unknown model). A server whose answers carry another start identity
+  (`INSTANCE_HEADER`) than before restarted, however quickly: it is marked down, so the pool
+  loads the newest weights into it before it takes work again. The engine's API
+  (`engine_api.py`) only translates a generate request and its answer; its admin calls use the
+  same `request`.
 
 The pool of servers, their weights and their lifecycle are `client.py`'s. Both modules import
 this one, so it sees them only as what it uses of them, `ServerPool` (`client.ClientPool`) and
@@ -29,6 +38,7 @@ import httpx
 
 from asyncrl.log import get_logger
 from asyncrl.waiting import Wait
+from asyncrl.web.server_instance import INSTANCE_HEADER
 
 if TYPE_CHECKING:
     from asyncrl.config.orchestrator import ClientConfig
@@ -40,12 +50,39 @@ BACKOFF_S = 0.5
 ABORT_RETRIES = 2  # a pause with mode=abort, a server shutting down: worth asking again
 
 
+# a server that cannot serve now, not one that fails: asked again, then taken for down
+NOT_NOW = frozenset({408, 429, 502, 503, 504})
+# a refusal of what was asked (a malformed or too long prompt, a token id the model lacks, a
+# body over the size limit): another example would be served
+OF_EXAMPLE = frozenset({400, 413, 422})
+
+
 class InferenceUnavailable(RuntimeError):
     """A server did not answer after every retry; the message names it."""
 
 
 class ServerDown(InferenceUnavailable):
-    """Connection errors or 5xx on every retry: the server is marked down until it answers."""
+    """Connection errors, or a server that could not serve now, on every retry (or a server
+    that restarted): the server is marked down until it answers."""
+
+
+class ServerError(RuntimeError):
+    """The server answered a 5xx (not one of NOT_NOW) on every retry: it is up but fails this
+    call (vLLM's weight reload failing, say). Not retried further; the message names the URL,
+    the status and what the server said."""
+
+
+class RequestRejected(RuntimeError):
+    """The server refused the request with a 4xx: an answer, not an outage."""
+
+    def __init__(self, url: str, status: int, said: str) -> None:
+        super().__init__(f"{url} refused the request with {status}: {said}")
+        self.url, self.status, self.said = url, status, said
+
+    @property
+    def of_example(self) -> bool:
+        """A refusal of the request's content (one example's prompt), not of every request."""
+        return self.status in OF_EXAMPLE
 
 
 class GroupAborted(Exception):
@@ -79,6 +116,7 @@ class Server:
     # the fingerprint of the trainer's served base this pool loaded into it (QLoRA's
     # dequantized base; None: the server's own base)
     base: str | None = None
+    instance: str | None = None  # the start identity it answers with, when it gives one
 
     @property
     def root(self) -> str:
@@ -146,7 +184,8 @@ async def generate(
         while True:  # failover: until a server that is up answers
             if not any(server.state == "up" for server in clients.servers):
                 wait = wait or Wait("an inference server to come back", logger,
-                                    clients.config.startup_timeout)  # fmt: skip
+                                    clients.config.startup_timeout,
+                                    key="orchestrator.client.startup_timeout")  # fmt: skip
                 try:
                     wait.check()
                 except TimeoutError as error:
@@ -200,24 +239,33 @@ async def request(
     json: Any = None,
     retries: int = RETRIES,
 ) -> Any:
-    """JSON from `url` on `server`, retrying connection errors and 5xx with exponential backoff
-    (0.5, 1, 2 s); then the server is marked down and ServerDown names the URL and the last
-    error. A 4xx is an answer, not an outage: InferenceUnavailable with the server's reason."""
+    """JSON from `url` on `server`. Connection errors and NOT_NOW answers are retried with
+    exponential backoff (0.5, 1, 2 s); then the server is marked down and ServerDown names the
+    URL and the last error. Another 5xx is retried the same, then ServerError. A 4xx is an
+    answer: RequestRejected with the server's reason, at once. An answer from a new start of
+    the server is ServerDown, the server marked down (`noticed_restart`)."""
     last: Exception | None = None
     for attempt in range(retries):
         try:
             response = await http.request(method, url, json=json)
-            if response.status_code < 500:
-                if response.status_code >= 400:
-                    raise InferenceUnavailable(
-                        f"{url} answered {response.status_code}: {response.text[:500]}"
-                    )
-                return _body(response)
-            last = RuntimeError(f"{response.status_code}: {response.text[:200]}")
         except httpx.TransportError as error:
             last = error
+        else:
+            noticed_restart(server, response)
+            status = response.status_code
+            if status < 400:
+                return _body(response)
+            if status < 500 and status not in NOT_NOW:
+                raise RequestRejected(url, status, response.text[:500])
+            last = RuntimeError(f"{status}: {response.text[:500]}")
+            if status not in NOT_NOW:
+                last = ServerError(
+                    f"{url} answered {status} on {attempt + 1} attempt(s): {response.text[:500]}"
+                )
         if attempt + 1 < retries:
             await asyncio.sleep(BACKOFF_S * 2**attempt)
+    if isinstance(last, ServerError):
+        raise last
     if server.state == "up":
         logger.warning(
             "%s is down (%s); its work goes to other servers or waits for it to come back",
@@ -225,6 +273,23 @@ async def request(
         )  # fmt: skip
     server.state = "down"
     raise ServerDown(f"{url} failed after {retries} attempts: {last}")
+
+
+def noticed_restart(server: Server, response: httpx.Response) -> None:
+    """Raise ServerDown, marking the server down, when `response` comes from another start of
+    a server that takes work than the one the pool knows: killed and back within the retries,
+    it holds its own weights (not the pool's, nor its adapter), and only a probe and a reload
+    (`client.revive`, `client.needing`) make it fit for work again. A server not up (starting,
+    down, back) is learning its identity: taken as given."""
+    instance = response.headers.get(INSTANCE_HEADER)
+    if instance is None:
+        return
+    known, server.instance = server.instance, instance
+    if known is not None and known != instance and server.state == "up":
+        server.state = "down"
+        logger.warning("%s restarted (it answers as another server start): it takes no work "
+                       "until it holds the newest weights again", server.root)  # fmt: skip
+        raise ServerDown(f"{server.root} restarted (start {known} is now {instance})")
 
 
 def _body(response: httpx.Response) -> Any:
