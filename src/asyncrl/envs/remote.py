@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import httpx
@@ -62,7 +62,18 @@ class RemoteEnvironment:
             headers=self.headers, timeout=120,
         )  # fmt: skip
         response.raise_for_status()
-        return [Example(**fields) for fields in response.json()]
+        return [self._example(index, fields) for index, fields in enumerate(response.json())]
+
+    def _example(self, index: int, fields: Any) -> Example:
+        """An example of the server's answer, named by the server and its place there when it
+        says no source of its own: the orchestrator checks its token ids at start-up
+        (`orchestrator/example_checks.py`) and names it when a server refuses it."""
+        where = f"env-server {self.address} example {index}"
+        try:
+            example = Example(**fields)
+        except TypeError as error:
+            raise ConfigError(f"{where}: not an example ({error})") from None
+        return example if example.source else replace(example, source=where)
 
 
 class RemoteMultiTurnEnvironment(RemoteEnvironment):

@@ -42,7 +42,8 @@ from asyncrl.orchestrator.buffer import Buffer
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.engine_api import chat_template
 from asyncrl.orchestrator.episode import EpisodeSetting, episode_tokens, run_episode_group
-from asyncrl.orchestrator.generation import GroupAborted
+from asyncrl.orchestrator.example_checks import Rejections, check_prompt_ids
+from asyncrl.orchestrator.generation import GroupAborted, RequestRejected
 from asyncrl.orchestrator.group import Group, GroupRequest
 from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 from asyncrl.orchestrator.progress import maybe_checkpoint, resume
@@ -97,6 +98,12 @@ class Orchestrator:
             self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]
         self.eval_targets = self.eval_targets_of(config.eval) if config.eval else []
+        check_prompt_ids(  # what the servers would refuse when drawn, refused now by source
+            [*zip(self.env_names, self.buffer.examples, strict=True),
+             *((target.name, target.examples) for target in self.eval_targets)],
+            self.vocab_size, config.seq_len, config.sampling.max_tokens,
+        )  # fmt: skip
+        self.rejections = Rejections(give_up_after=self.gave_up_on_aborts)
         self.metrics = MetricsWriter(metrics_file(self.run_dir), role="orchestrator")
         self.evaluator: OnlineEval | None = None  # made in `run`, once the resume step is known
         self.seeds = itertools.count()
@@ -214,7 +221,8 @@ class Orchestrator:
                     step,
                     batch_metrics(step, groups, drops, now - last_batch, temperature)
                     | spans.take("orchestrator")
-                    | model_reward_metrics(pools.values()),
+                    | model_reward_metrics(pools.values())
+                    | self.rejections.metrics(),
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile
@@ -278,7 +286,11 @@ class Orchestrator:
                 ) from error
             logger.warning("orchestrator: a group is dropped: %s", error)
             return None
+        except RequestRejected as error:  # the example, not the server: skip it, or stop
+            self.rejections.skip(drawn.example, request.env_name, error)
+            return None
         self.aborted_in_a_row = 0
+        self.rejections.served()
         group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
         return group
 

@@ -37,13 +37,14 @@ class WeightSync:
 
     async def sync(self, need: int) -> None:
         """Load the newest complete broadcast; block until every server that is up holds
-        version ≥ need (at most `ckpt.wait_for_weights_timeout` seconds, when set). While it
+        version ≥ need (at most `ckpt.wait_for_weights_timeout` seconds). While it
         waits it also asks the servers: a colocated trainer hands them weights without a
         broadcast. A server back from a restart gets the newest weights before any work, and
         servers whose weights a restarted trainer withdrew go back to its newest broadcast."""
         timeout = self.config.ckpt.wait_for_weights_timeout
-        wait = Wait(f"weights version {need} from the trainer", logger, timeout)
-        base_wait = Wait(f"the trainer's served base in {self.run_dir}", logger, timeout)
+        key = "orchestrator.ckpt.wait_for_weights_timeout"
+        wait = Wait(f"weights version {need} from the trainer", logger, timeout, key=key)
+        base_wait = Wait(f"the trainer's served base in {self.run_dir}", logger, timeout, key=key)
         while True:
             if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
                 await self.clients.refresh_versions()
