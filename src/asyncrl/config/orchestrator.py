@@ -175,8 +175,12 @@ class CheckpointConfig(StrictModel):
         description="Step to resume from (-1 = latest complete checkpoint).",
         source="checkpoint.resume_step",
     )
-    wait_for_weights_timeout: float | None = Field(
-        None, gt=0, description="Seconds to wait for the weight directory on resume."
+    wait_for_weights_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="Seconds to wait for the weights a step needs from the trainer (its first "
+        "broadcast at start, each later one, the served base); then the orchestrator stops, "
+        "naming the version it waited for. Raise it for a trainer whose start or step is slower.",
     )
     keep_last: int | None = wired(
         None, gt=0, description="Keep at most N recent checkpoints.", source="checkpoint.keep_last"

@@ -158,6 +158,19 @@ class TrainerConfig(TrainingConfig):
     distributed_timeout: float = Field(
         600.0, gt=0, description="Seconds any collective between trainer ranks may take."
     )
+    run_dir_timeout: float = Field(
+        1800.0,
+        gt=0,
+        description="Seconds to wait at start for the orchestrator to create the run directory "
+        "(`<output_dir>/run_<run_name>`); then the trainer stops, naming the directory.",
+    )
+    finish_timeout: float = Field(
+        3600.0,
+        gt=0,
+        description="(colocated) Seconds the trainer's engine keeps serving after the last step "
+        "for the orchestrator to finish the run (the final weights, the final eval); then the "
+        "trainer stops with an error naming what it waited for.",
+    )
 
     gradient_accumulation_steps: int = Field(
         1,

@@ -104,11 +104,12 @@ def placed_run_dir(placement: RunPlacement) -> Path:
     return run_dir(placement.output_dir, placement.run_name)
 
 
-def find_run_dir(placement: RunPlacement, timeout: float | None = None) -> Path:
+def find_run_dir(placement: RunPlacement, timeout: float, timeout_key: str | None = None) -> Path:
     """Wait until the orchestrator has created the run directory `placement` names, saying what
-    it waits for (`TimeoutError` after `timeout` seconds; None: as long as it takes)."""
+    it waits for; `TimeoutError` after `timeout` seconds names the directory and the config key
+    that sets the deadline (`timeout_key`)."""
     path = placed_run_dir(placement)
-    wait = Wait(f"the orchestrator's run directory {path}", logger, timeout)
+    wait = Wait(f"the orchestrator's run directory {path}", logger, timeout, key=timeout_key)
     while not path.is_dir():
         wait.check()
         time.sleep(0.1)

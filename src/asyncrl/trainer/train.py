@@ -85,7 +85,8 @@ def train_loop(
     """The loop every rank runs; rank 0 alone receives batches, writes metrics and hands the
     weights to its route (`asyncrl.transport.weights`: files, NCCL, a colocated engine, …)."""
     torch.manual_seed(config.seed)
-    run_dir = find_run_dir(config)  # `<output_dir>/run_<run_name>`, made by the orchestrator
+    # `<output_dir>/run_<run_name>`, made by the orchestrator
+    run_dir = find_run_dir(config, config.run_dir_timeout, "trainer.run_dir_timeout")
     metrics = MetricsWriter(metrics_file(run_dir), role="trainer") if ranks.is_main else None
     config, _ = resolve_training_precision(config, metrics)
     tokenizer = AutoTokenizer.from_pretrained(

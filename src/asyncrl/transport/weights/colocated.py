@@ -20,6 +20,7 @@ import torch
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
+from asyncrl.run.layout import finished_marker
 from asyncrl.transport.broadcast import publish_weights
 from asyncrl.transport.run_end import run_finished
 from asyncrl.transport.weights.route import State, WeightRoute
@@ -60,6 +61,7 @@ class ColocatedRoute(WeightRoute):
         self.keep, self.keep_every = config.max_async_level + 2, config.weights_interval
         self.file_intervals = (config.save_steps, config.weights_interval)
         self.last_step = config.max_steps
+        self.finish_timeout = config.finish_timeout
         self.engine: ColocatedEngine | None = None
         if config.max_async_level > 0:
             logger.warning(
@@ -98,7 +100,10 @@ class ColocatedRoute(WeightRoute):
         """The server outlives training: the orchestrator still loads the final weights and
         may evaluate them. It is done when it marks the run finished."""
         logger.info("trainer: training done; serving until the orchestrator finishes")
-        wait = Wait("the orchestrator to finish the run", logger, first_report_after=30.0)
+        wait = Wait(
+            f"the orchestrator to finish the run (to write {finished_marker(self.run_dir)})",
+            logger, self.finish_timeout, first_report_after=30.0, key="trainer.finish_timeout",
+        )  # fmt: skip
         while not run_finished(self.run_dir):
             wait.check()
             time.sleep(0.2)
