@@ -24,6 +24,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.eval import EvalRunConfig
 from asyncrl.envs import Environment, Example, load_environment, score
 from asyncrl.envs.multi_turn import is_multi_turn
+from asyncrl.envs.plain_prompt import cut_at_stop
 from asyncrl.log import get_logger
 from asyncrl.monitor.eval_records import summarize
 from asyncrl.monitor.metrics import MetricsWriter
@@ -64,13 +65,19 @@ def generate_completions(
         else {"do_sample": False}
     )
     for start in range(0, len(examples), batch_size):
+        batch = examples[start : start + batch_size]
+        # a base model's plain prompt is tokenized as the server does a text prompt (with the
+        # tokenizer's special tokens: Gemma's <bos>); a chat template writes its own
+        plain = batch[0].prompt_text is not None
         prompts = [
-            tokenizer.apply_chat_template(
+            example.prompt_text
+            if plain
+            else tokenizer.apply_chat_template(
                 example.prompt, tokenize=False, add_generation_prompt=True
             )
-            for example in examples[start : start + batch_size]
+            for example in batch
         ]
-        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=plain)
         output = model.generate(
             **encoded,
             max_new_tokens=max_tokens,
@@ -79,7 +86,8 @@ def generate_completions(
             **sampling,
         )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
-        completions.extend(tokenizer.batch_decode(new_tokens, skip_special_tokens=True))
+        texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        completions.extend(cut_at_stop(t, e.stop) for t, e in zip(texts, batch, strict=True))
     return completions
 
 

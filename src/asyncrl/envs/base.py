@@ -22,6 +22,10 @@ class Example:
     info: dict[str, Any] = field(default_factory=dict)
     prompt_token_ids: list[int] | None = None  # a pre-tokenized prompt, sent as token ids
     source: str | None = None  # where it was read (`file:line`), for messages that name it
+    # a base model's prompt (`plain_prompt.py`): text sent to the completions route as is, and
+    # the strings that end its completion
+    prompt_text: str | None = None
+    stop: tuple[str, ...] = ()
 
 
 EVAL_BUCKETS = 8  # one generated problem in eight (by hash) belongs to the held-out split

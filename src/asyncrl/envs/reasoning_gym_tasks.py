@@ -32,6 +32,7 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from asyncrl.envs.base import Example, Messages, RewardFunction, Split, split_of
+from asyncrl.envs.plain_prompt import PLAIN_STOP, PromptFormat, plain_prompt
 
 PREFIX = "reasoning-gym/"
 DEFAULT_SIZE = 10_000  # items a dataset is built with unless `size` is given (some precompute)
@@ -65,6 +66,7 @@ class ReasoningGymEnv:
         size: int = DEFAULT_SIZE,
         system_prompt: str | None = "default",
         answer_format: AnswerFormat = "tag",
+        prompt_format: PromptFormat = "chat",
         **config: Any,
     ) -> None:
         """`config` is the dataset's own configuration (its dataclass's fields, e.g.
@@ -78,6 +80,9 @@ class ReasoningGymEnv:
             )
         if answer_format not in ("tag", "plain"):
             raise ReasoningGymError(f"answer_format is `tag` or `plain`, not {answer_format!r}")
+        if prompt_format not in ("chat", "plain"):
+            raise ReasoningGymError(f"prompt_format is `chat` or `plain`, not {prompt_format!r}")
+        self.prompt_format = prompt_format
         if size < 1:
             raise ReasoningGymError(f"size must be >= 1, got {size}")
         config_class = registry[dataset][1]
@@ -86,7 +91,8 @@ class ReasoningGymEnv:
         if unknown:
             raise ReasoningGymError(
                 f"unknown argument(s) {unknown}; the dataset takes "
-                f"{sorted(known)}, and the adapter seed, size, system_prompt, answer_format"
+                f"{sorted(known)}, and the adapter seed, size, system_prompt, answer_format, "
+                "prompt_format"
             )
         if dataset == "composite":
             config = {**config, "datasets": composite_specs(gym, config.get("datasets"))}
@@ -136,6 +142,9 @@ class ReasoningGymEnv:
             answer=str(entry["answer"]),
             task=str(source),
             info={"index": index},
+            # a base model's form (`plain_prompt.py`): `Question: …\nAnswer:`, one line back
+            prompt_text=plain_prompt(prompt) if self.prompt_format == "plain" else None,
+            stop=PLAIN_STOP if self.prompt_format == "plain" else (),
         )
 
     # reward and demonstration -----------------------------------------------------------------

@@ -81,9 +81,14 @@ def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str
     if example.prompt_token_ids is not None:
         route = "completions"
         body.update(prompt=example.prompt_token_ids, logprobs=0)
+    elif example.prompt_text is not None:  # a base model's plain prompt: no chat template
+        route = "completions"
+        body.update(prompt=example.prompt_text, logprobs=0)
     else:
         route = "chat/completions"
         body.update(messages=example.prompt, logprobs=True)
+    if example.stop:
+        body["stop"] = list(example.stop)
     if sampling.max_tokens is not None:
         body["max_tokens"] = sampling.max_tokens
     if request.seed is not None:

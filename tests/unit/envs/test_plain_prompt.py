@@ -1,0 +1,63 @@
+"""A base model's prompt: `Question: …\\nAnswer:` as text to the completions route, ended at the
+first newline, the same in `asyncrl rl` (the server stops) and `asyncrl eval` (cut there)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs.plain_prompt import PlainPromptError, cut_at_stop, plain_prompt
+from asyncrl.evaluate import generate_completions
+from asyncrl.orchestrator.buffer import Drawn
+from asyncrl.orchestrator.group import GroupRequest, request_body
+
+pytest.importorskip("reasoning_gym", reason="the reasoning-gym extra is not installed")
+from asyncrl.envs.reasoning_gym_tasks import ReasoningGymEnv
+
+CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "max_digits": 1, "system_prompt": None, "size": 200,
+             "answer_format": "plain"}  # fmt: skip
+
+
+def test_a_plain_prompt_is_a_question_and_an_answer_cue_under_the_system_text() -> None:
+    assert plain_prompt([{"role": "user", "content": "What is 3 + 4?"}]) == (
+        "Question: What is 3 + 4?\nAnswer:"
+    )
+    with_system = [{"role": "system", "content": "Answer with the number."},
+                   {"role": "user", "content": "What is 3 + 4?\n"}]  # fmt: skip
+    assert (
+        plain_prompt(with_system) == "Answer with the number.\n\nQuestion: What is 3 + 4?\nAnswer:"
+    )
+    turns = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+             {"role": "user", "content": "c"}]  # fmt: skip
+    with pytest.raises(PlainPromptError, match="one user message"):
+        plain_prompt(turns)
+
+
+def test_plain_examples_go_to_the_completions_route_as_text_and_stop_at_a_newline() -> None:
+    config = OrchestratorConfig(model={"name": "m"}, env=[{"id": "reverse-text"}],
+                                sampling={"max_tokens": 16})  # fmt: skip
+    plain = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM).examples("train", 1)[0]
+    assert plain.prompt_text is not None and plain.prompt_text.endswith(" =\nAnswer:")
+    assert plain.prompt_text.startswith("Question: ")
+    route, body = request_body(GroupRequest(Drawn(0, plain), "e", "m", 1.0, None, 0), config)
+    assert (route, body["prompt"], body["stop"]) == ("completions", plain.prompt_text, ["\n"])
+    assert "messages" not in body
+    chat = ReasoningGymEnv("chain_sum", **CHAIN_SUM).examples("train", 1)[0]
+    route, body = request_body(GroupRequest(Drawn(0, chat), "e", "m", 1.0, None, 0), config)
+    assert route == "chat/completions" and "stop" not in body and chat.prompt_text is None
+
+
+def test_eval_cuts_a_plain_completion_where_the_server_stops(tiny_model_dir: Path) -> None:
+    assert cut_at_stop(" 7\nQuestion: What", ("\n",)) == " 7"
+    assert cut_at_stop(" 7", ("\n",)) == " 7"
+    env = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    examples = env.examples("eval", 8)
+    texts = generate_completions(model, tokenizer, examples, max_tokens=24, temperature=1.0,
+                                 batch_size=8, seed=0)  # fmt: skip
+    assert len(texts) == 8 and not any("\n" in text for text in texts)
