@@ -21,7 +21,7 @@ from asyncrl.config.export import ExportConfig
 from asyncrl.config.get_model import GetModelConfig
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.init_model import InitModelConfig
-from asyncrl.config.loading import load_config, split_files_and_overrides
+from asyncrl.config.loading import PRINT_CONFIG, load_command_config
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.config.rl import RLConfig
 from asyncrl.config.score import ScoreConfig
@@ -206,11 +206,9 @@ def main(argv: list[str] | None = None) -> int:
 
         render_help(name, command.config, command.summary)
         return 0
-    print_config = "--print-config" in rest
-    rest = [arg for arg in rest if arg != "--print-config"]
+    print_config = PRINT_CONFIG in rest
     try:
-        files, overrides = split_files_and_overrides(rest)
-        config = load_config(command.config, files, overrides)
+        config = load_command_config(command.config, rest)
     except ConfigError as error:
         print(f"asyncrl {name}: {error}", file=sys.stderr)
         return 2

@@ -95,3 +95,31 @@ def test_every_file_the_readme_code_map_names_exists() -> None:
     assert len(named) > 15
     missing = [path for path in named if not (ROOT / "src" / "asyncrl" / path).exists()]
     assert not missing, missing
+
+
+def test_every_page_is_in_the_readme_docs_index() -> None:
+    """A page under docs/ that the README's documentation table does not link is a page a new
+    user never finds."""
+    text = (ROOT / "README.md").read_text()
+    index = text.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    linked = {Path(target).name for target in LINK.findall(index)}
+    missing = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name not in linked)
+    assert not missing, f"not in the README's docs index: {missing}"
+
+
+MEASURED_PAGES = ["settings.md", "hardware.md"]  # pages whose figures are all measured ones
+
+
+def test_the_measured_pages_quote_only_figures_of_the_results_file() -> None:
+    """docs/settings.md and docs/hardware.md give measurements as evidence: every number in
+    their prose and tables (code aside) is one benchmarks/RESULTS.md holds, so a figure
+    mistyped, or one estimated rather than measured, fails here."""
+    results = (ROOT / "benchmarks" / "RESULTS.md").read_text()
+    unknown = []
+    for name in MEASURED_PAGES:
+        prose = re.sub(r"```.*?```", "", (ROOT / "docs" / name).read_text(), flags=re.S)
+        prose = re.sub(r"`[^`]*`|\]\([^)]*\)", "", prose)  # code, link targets
+        for number in set(re.findall(r"\d+(?:[.,]\d+)*", prose)):
+            if not re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", results):
+                unknown.append(f"{name}: {number}")
+    assert not unknown, f"figures not in benchmarks/RESULTS.md: {sorted(unknown)}"

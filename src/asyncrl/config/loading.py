@@ -105,6 +105,17 @@ def split_files_and_overrides(args: list[str]) -> tuple[list[str], list[str]]:
     return files, []
 
 
+PRINT_CONFIG = "--print-config"
+
+
+def load_command_config(model: type[ModelT], args: list[str]) -> ModelT:
+    """The validated config of `asyncrl <command> ARGS`, built as the command builds it before
+    it runs anything (its `--print-config` flag aside): leading config files, then overrides.
+    The docs' commands are checked through it (tests/unit/test_doc_commands.py)."""
+    files, overrides = split_files_and_overrides([arg for arg in args if arg != PRINT_CONFIG])
+    return load_config(model, files, overrides)
+
+
 def load_config(
     model: type[ModelT], files: list[str] | None = None, overrides: list[str] | None = None
 ) -> ModelT:

@@ -240,8 +240,8 @@ class TrainerConfig(TrainingConfig):
         None,
         gt=0,
         description="Keep the weights of every N-th step (no optimizer state) as a broadcast "
-        "directory, never pruned: a learning curve for `asyncrl eval RUN_DIR` and snapshots "
-        "for benchmarks (null: the newest broadcasts only).",
+        "directory, never pruned: a learning curve for `asyncrl eval --model RUN_DIR` and "
+        "snapshots for benchmarks (null: the newest broadcasts only).",
     )
     qlora_served_base: Literal["original", "dequantized"] = Field(
         "original",
