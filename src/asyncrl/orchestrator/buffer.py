@@ -34,8 +34,14 @@ class Drawn:
 
 
 def example_key(example: Example, keys: Sequence[str]) -> str:
+    """The hash `hash_keys` deduplicate by. `prompt` is what the model is prompted with: the
+    messages, and the token ids or plain text where the example has them (a JSONL of token ids
+    has no messages: by the messages alone every line was one example)."""
+    prompt: Any = example.prompt
+    if example.prompt_token_ids is not None or example.prompt_text is not None:
+        prompt = [example.prompt, example.prompt_token_ids, example.prompt_text]
     fields = {
-        "task": example.task, "prompt": example.prompt, "answer": example.answer,
+        "task": example.task, "prompt": prompt, "answer": example.answer,
         "example_id": example.example_id, "info": example.info,
     }  # fmt: skip
     payload = json.dumps([fields.get(key) for key in keys], sort_keys=True, default=str)

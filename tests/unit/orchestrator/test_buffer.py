@@ -93,3 +93,22 @@ def test_easy_and_hard_pools_stop_sampling_and_promote_back_on_load() -> None:
     restored.load_state(saved)  # easy_fraction 1.0 promotes every easy problem back
     assert not restored.easy and len(restored.hard) == 1
     assert {text(restored.draw()) for _ in range(10)} == {"easy", "normal"}
+
+
+class TokenIdEnv:
+    """Pre-tokenized examples (a JSONL of `input_token_ids`): no messages, only token ids."""
+
+    name = "ids"
+    rubric: list = []
+
+    def __init__(self, prompts: list[list[int]]) -> None:
+        self.prompts = prompts
+
+    def examples(self, split: str, count: int) -> list[Example]:
+        return [Example(i, [], "", self.name, prompt_token_ids=ids)
+                for i, ids in enumerate(self.prompts[:count])]  # fmt: skip
+
+
+def test_pre_tokenized_examples_are_told_apart_by_their_token_ids() -> None:
+    env = TokenIdEnv([[1, 2, 3], [4, 5], [1, 2, 3], [6]])
+    assert len(make(BufferConfig(), env).examples[0]) == 3  # only the repeated ids are one
