@@ -1,19 +1,38 @@
 """Atomic writes: a reader never finds a half-written file or directory under its final name,
 and a crash leaves the old content or the new one there. What a crash leaves staged
 (`.<name>.….tmp`) is never read; its owner removes it at its next start
-(`step_dirs.remove_staging_leftovers`)."""
+(`step_dirs.remove_staging_leftovers`; a command's output: `output_lock`).
+
+A command's output directory (`asyncrl export`, `asyncrl get-model`) is the user's path, not
+the run's: `output_directory` writes it only where nothing is lost by replacing it (missing,
+empty, or an earlier output of the same command that holds nothing else), never at or above
+what the command reads, and through a symbolic link rather than over it."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
+import json
 import os
+import re
 import shutil
 import tempfile
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+STAGING = "staging"  # `.<name>.staging.<random>.tmp`: atomic_directory's default label
+OUTPUT_STAGING = "output"  # a command's output is staged as `.<name>.output.<random>.tmp`
+OUTPUT_FILES = "output_files"  # the marker's list of the names the command wrote
+
+
+class OutputRefused(ValueError):
+    """A command's output directory that cannot be written without losing something; the
+    message names the path and what to do."""
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
@@ -35,17 +54,27 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     fsync_directory(path.parent)
 
 
+def followed(path: str | Path) -> Path:
+    """`path`, or the path its symbolic link points to: a directory written through a link
+    lands where the link points, and the link stays."""
+    path = Path(path)
+    return path.resolve() if path.is_symlink() else path
+
+
 @contextmanager
-def atomic_directory(path: str | Path) -> Iterator[Path]:
+def atomic_directory(path: str | Path, label: str = STAGING) -> Iterator[Path]:
     """Yield a temporary sibling directory to fill; on success it replaces `path` whole.
 
     A directory cannot be renamed over a non-empty one: the two are exchanged in one system
     call (Linux `renameat2(RENAME_EXCHANGE)`), and the old one, now under the temporary name,
     is removed. Where the filesystem cannot exchange, the old one is renamed aside first, and
-    for that instant `path` is missing (never half-written)."""
-    path = Path(path)
+    for that instant `path` is missing (never half-written). A symbolic link at `path` is
+    followed (the directory it points to is replaced, the link kept), and the new directory
+    has the mode any new directory gets (0777 less the umask), not mkdtemp's 0700. Staged as
+    `.<name>.<label>.<random>.tmp`, the old one removed as `.<name>.<label>-old.<random>.tmp`."""
+    path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    temporary = _new_sibling(path, label)
     try:
         yield temporary
         old = None
@@ -53,7 +82,7 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
             old = temporary
         else:
             if path.exists():
-                old = path.parent / f".{path.name}.old.{uuid.uuid4().hex[:8]}.tmp"
+                old = path.parent / f".{path.name}.{label}-old.{uuid.uuid4().hex[:8]}.tmp"
                 os.replace(path, old)
             os.replace(temporary, path)
     except BaseException:
@@ -63,6 +92,150 @@ def atomic_directory(path: str | Path) -> Iterator[Path]:
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 
+
+def _new_sibling(path: Path, label: str) -> Path:
+    """A new empty directory `.<name>.<label>.<random>.tmp` beside `path`, made by `mkdir`
+    (the umask decides its mode)."""
+    while True:
+        candidate = path.parent / f".{path.name}.{label}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            candidate.mkdir()
+        except FileExistsError:
+            continue
+        return candidate
+
+
+# --- a command's output directory ------------------------------------------------------------
+
+
+@contextmanager
+def output_directory(
+    path: str | Path, *, command: str, marker: str, sources: Iterable[str | Path] = ()
+) -> Iterator[Path]:
+    """Yield a staging directory that replaces the output `path` whole on success, after
+    `refuse_unsafe_output` found nothing to lose there. The caller writes its files, then
+    `write_output_marker` last: a later call finds that marker and may replace the directory.
+    Held under `output_lock`, so a second writer of the same output waits."""
+    target, sources = followed(path), list(sources)
+    refuse_unsafe_output(path, command=command, marker=marker, sources=sources)
+    with output_lock(target):  # the lock file is made beside an output that may be written
+        refuse_unsafe_output(path, command=command, marker=marker, sources=sources)
+        with atomic_directory(target, OUTPUT_STAGING) as staging:
+            yield staging
+            if not (staging / marker).is_file():
+                raise RuntimeError(f"asyncrl {command} wrote no {marker} into {staging}")
+
+
+def write_output_marker(staging: Path, marker: str, description: dict[str, Any]) -> None:
+    """The marker that makes `staging` a command's output: `description` and the names of
+    every entry the command wrote (the marker's own included). Written last."""
+    names = sorted({child.name for child in staging.iterdir()} | {marker})
+    text = json.dumps({**description, OUTPUT_FILES: names}, indent=2)
+    (staging / marker).write_text(text + "\n")
+
+
+def refuse_unsafe_output(
+    path: str | Path, *, command: str, marker: str, sources: Iterable[str | Path] = ()
+) -> None:
+    """Raise `OutputRefused` unless replacing `path` whole loses nothing: it must not be (or
+    hold) any of `sources`, and must be missing, an empty directory, or an earlier output of
+    `command` (its `marker` present) holding only what that output wrote."""
+    target = followed(path)
+    real = Path(os.path.realpath(target))
+    for source in sources:
+        if not os.path.lexists(source):  # a hub id, or nothing yet: nothing to lose
+            continue
+        source = Path(os.path.realpath(source))
+        if real == source or real in source.parents:
+            where = "is" if real == source else "holds"
+            raise OutputRefused(
+                f"output_dir {path} {where} what asyncrl {command} reads ({source}): writing "
+                "it would remove that. Choose an output_dir outside it"
+            )
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise OutputRefused(
+            f"output_dir {path} is a file, not a directory: remove it or choose another path"
+        )
+    entries = sorted(child.name for child in target.iterdir())
+    if not entries:
+        return
+    try:
+        recorded = json.loads((target / marker).read_text())
+    except (OSError, ValueError):
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise OutputRefused(
+            f"output_dir {path} is not empty ({_some(entries)}) and is not an earlier output of "
+            f"asyncrl {command} (no readable {marker} in it): writing it would remove what is "
+            "there. Choose a new or empty directory, or remove this one yourself"
+        )
+    written = recorded.get(OUTPUT_FILES)
+    if written is None:  # an earlier version's output: its marker lists no files
+        return
+    extra = [name for name in entries if name not in written]
+    if extra:
+        raise OutputRefused(
+            f"output_dir {path} is an earlier output of asyncrl {command} but also holds "
+            f"{_some(extra)}, which it did not write: writing it again would remove that. Move "
+            "it out, or choose another output_dir"
+        )
+
+
+def _some(names: list[str], shown: int = 5) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+_lock_depths: dict[str, int] = {}
+_thread_locks: dict[str, threading.RLock] = {}
+_thread_locks_guard = threading.Lock()
+
+
+@contextmanager
+def output_lock(path: str | Path) -> Iterator[None]:
+    """Hold `.<name>.lock` beside the output `path` (an advisory `flock`, which dies with its
+    holder): two processes writing the same output take turns. The first holder in a process
+    also removes what a killed earlier command left staged beside `path`, which nobody can be
+    writing while the lock is held. Re-entrant within a thread (`get-model` holds it while
+    `convert_gguf`, which takes it too, writes)."""
+    target = followed(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    lock_file = target.parent / f".{target.name}.lock"
+    key = str(lock_file.resolve())
+    with _thread_locks_guard:
+        thread_lock = _thread_locks.setdefault(key, threading.RLock())
+    with thread_lock:
+        depth = _lock_depths.get(key, 0)
+        _lock_depths[key] = depth + 1
+        try:
+            if depth:
+                yield
+            else:
+                with lock_file.open("a") as handle:
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                    remove_output_leftovers(target)
+                    yield
+        finally:
+            _lock_depths[key] = depth
+
+
+def remove_output_leftovers(path: Path) -> None:
+    """Delete the staging directories beside the output `path` that a killed `output_directory`
+    left: `.<name>.output.<random>.tmp` and `-old`, and the `.<name>.<random>.tmp` and
+    `.<name>.old.<random>.tmp` of versions before it. Only under `output_lock`."""
+    name = re.escape(path.name)
+    leftover = re.compile(
+        rf"^\.{name}\.(?:(?:{OUTPUT_STAGING}|{OUTPUT_STAGING}-old)\.[0-9a-f]{{8}}"
+        rf"|old\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp$"
+    )
+    for child in path.parent.iterdir():
+        if leftover.match(child.name) and child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child, ignore_errors=True)
+
+
+# --- primitives ------------------------------------------------------------------------------
 
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)  # glibc >= 2.28

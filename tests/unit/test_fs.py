@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -62,3 +65,88 @@ def test_exchange_swaps_two_directories(tmp_path: Path) -> None:
     if not fs.exchange(first, second):
         pytest.skip("this filesystem or C library cannot exchange (the fallback renames aside)")
     assert [p.name for p in second.iterdir()] == ["from_a"] and not any(first.iterdir())
+
+
+def test_a_new_directory_gets_the_umask_mode_not_mkdtemps_0700(tmp_path: Path) -> None:
+    """It was staged by `mkdtemp` (mode 0700) and renamed in as it was: a model exported for a
+    group, or a broadcast read by a server under another user, was readable by its owner only."""
+    previous = os.umask(0o022)
+    try:
+        with atomic_directory(tmp_path / "model") as staging:
+            (staging / "weights").write_text("v1")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755
+
+
+@pytest.mark.parametrize("target_exists", [True, False])
+def test_a_symlinked_directory_is_written_through_and_the_link_kept(
+    target_exists: bool, tmp_path: Path
+) -> None:
+    """The link itself was exchanged for the new directory: `models/current -> /data/run7`
+    became a real directory, and /data/run7 was left as it was."""
+    real = tmp_path / "data" / "model"
+    if target_exists:
+        real.mkdir(parents=True)
+        (real / "weights").write_text("v1")
+    link = tmp_path / "current"
+    link.symlink_to(real, target_is_directory=True)
+    with atomic_directory(link) as staging:
+        (staging / "weights").write_text("v2")
+    assert link.is_symlink() and Path(os.readlink(link)) == real
+    assert (real / "weights").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "data"]
+    assert [p.name for p in real.parent.iterdir()] == ["model"]
+
+
+def output(path: Path, **marker: object) -> None:
+    with fs.output_directory(path, command="tool", marker="TOOL", sources=()) as staging:
+        (staging / "weights").write_text("new")
+        fs.write_output_marker(staging, "TOOL", dict(marker))
+
+
+def test_an_output_directory_replaces_only_its_own_earlier_output(tmp_path: Path) -> None:
+    target = tmp_path / "models" / "m"
+    output(target, made=1)  # missing: made
+    output(target, made=2)  # its own: replaced
+    written = json.loads((target / "TOOL").read_text())
+    assert written == {"made": 2, fs.OUTPUT_FILES: ["TOOL", "weights"]}
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(fs.OutputRefused, match=r"also holds notes\.txt, which it did not write"):
+        output(target)
+    other = tmp_path / "models" / "other"
+    other.mkdir()
+    (other / "weights").write_text("someone else's")
+    with pytest.raises(fs.OutputRefused, match=r"not an earlier output of asyncrl tool"):
+        output(other)
+    with pytest.raises(fs.OutputRefused, match=r"is not an earlier output"):
+        output(tmp_path / "models")  # above both
+    assert (target / "notes.txt").read_text() == "mine"
+    assert (other / "weights").read_text() == "someone else's"
+    (tmp_path / "empty").mkdir()
+    output(tmp_path / "empty")  # an empty directory loses nothing
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(fs.OutputRefused, match=r"is a file, not a directory"):
+        output(tmp_path / "file")
+
+
+def test_an_output_at_or_above_what_the_command_reads_is_refused(tmp_path: Path) -> None:
+    source = tmp_path / "out" / "run_default" / "broadcasts" / "step_2"
+    source.mkdir(parents=True)
+    for place in (source, source.parent, tmp_path / "out", tmp_path):
+        with pytest.raises(fs.OutputRefused, match=r"(is|holds) what asyncrl tool reads"):
+            fs.refuse_unsafe_output(place, command="tool", marker="TOOL", sources=[source])
+    fs.refuse_unsafe_output(tmp_path / "elsewhere", command="tool", marker="TOOL",
+                            sources=[source, "org/hub-model"])  # fmt: skip
+
+
+def test_what_a_killed_output_write_left_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    target = tmp_path / "m"
+    earlier_versions = [".m.x1_y2z3q.tmp", ".m.old.89abcdef.tmp"]  # mkdtemp's, the aside one
+    leftovers = [".m.output.0123abcd.tmp", ".m.output-old.0123abcd.tmp", *earlier_versions]
+    kept = [".m.staging.0123abcd.tmp", ".mm.output.0123abcd.tmp", "m.output.0123abcd.tmp"]
+    for name in leftovers + kept:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "half").write_text("x")
+    output(target)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".m.lock", "m", *kept])

@@ -15,11 +15,16 @@ class ExportConfig(StrictModel):
         "full weights or a LoRA adapter), or a run directory or output directory (its newest "
         "broadcast)."
     )
-    output_dir: str = Field(description="Where the model directory goes (replaced whole).")
+    output_dir: str = Field(
+        description="Where the model directory goes: a new or empty directory, or an earlier "
+        "export holding nothing else (replaced whole); anything else there is refused, as is the "
+        "source or a directory above it. A symbolic link is written through."
+    )
     base_model: str | None = Field(
         None,
         description="The model a LoRA adapter is merged onto, and the tokenizer's source; null "
-        "= the run's `model` (from `<output_dir>/configs/train.yaml`), else the adapter's own "
+        "= the run's `model` (from `<output_dir>/configs/train.yaml`, for a broadcast in its "
+        "run's `<output_dir>/run_<name>/broadcasts/step_N`), else the adapter's own "
         "`base_model_name_or_path`.",
     )
     tokenizer: str | None = Field(

@@ -28,7 +28,8 @@ class GetModelConfig(StrictModel):
         None,
         description="Where the model directory goes (safetensors, config, tokenizer, chat "
         "template, generation config; null = `models/<name>`, or `models/<GGUF file stem>` "
-        "with `gguf`). A directory that already holds the same model is kept.",
+        "with `gguf`). A directory that already holds the same model is kept; an earlier output "
+        "holding nothing else is replaced, any other non-empty directory refused.",
     )
     cache_dir: str | None = Field(
         None,

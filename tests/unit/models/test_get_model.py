@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -127,3 +128,166 @@ def test_two_processes_asking_at_once_convert_the_model_once(
     assert [process.returncode for process in both] == [0, 0], said
     assert sum("dequantizing" in text for text in said) == 1, said
     assert sum("already holds it" in text for text in said) == 1, said
+
+
+# --- the output directory: nothing at it is lost -----------------------------------------------
+
+
+def test_an_output_holding_other_files_is_refused_not_replaced(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """It was swapped for the new model and removed whole: `--output_dir models` took every
+    other model with it."""
+    models = tmp_path / "models"
+    (models / "other-model").mkdir(parents=True)
+    (models / "other-model" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"output_dir .*models is not empty .* not an earlier "
+                       r"output of asyncrl get-model"):  # fmt: skip
+        get_model(GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(models)))
+    assert (models / "other-model" / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in models.iterdir()) == ["other-model"]
+
+
+def test_an_earlier_output_is_replaced_unless_something_was_added_to_it(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    config = GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(tmp_path / "model"))
+    get_model(config)
+    get_model(config.model_copy(update={"dtype": "bfloat16"}))  # its own earlier output: replaced
+    assert json.loads((tmp_path / "model" / MARKER).read_text())["dtype"] == "bfloat16"
+    (tmp_path / "model" / "my-notes.md").write_text("keep me")
+    with pytest.raises(ValueError, match=r"also holds my-notes\.md, which it did not write"):
+        get_model(config)
+    assert (tmp_path / "model" / "my-notes.md").read_text() == "keep me"
+
+
+def test_an_output_holding_the_gguf_file_is_refused(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """`--gguf models/x/model.gguf --output_dir models/x` replaced the folder, file and all."""
+    folder = tmp_path / "x"
+    folder.mkdir()
+    gguf_file = folder / "model.gguf"
+    gguf_file.write_bytes(tiny_gguf[0].read_bytes())
+    with pytest.raises(ValueError, match=r"output_dir .*x holds what asyncrl get-model reads"):
+        get_model(GetModelConfig(gguf=str(gguf_file), output_dir=str(folder)))
+    assert gguf_file.read_bytes() == tiny_gguf[0].read_bytes()
+
+
+def test_a_symlinked_output_is_written_through(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """The link was replaced by a real directory of its own."""
+    real = tmp_path / "big-disk" / "model"
+    real.parent.mkdir()
+    link = tmp_path / "model"
+    link.symlink_to(real, target_is_directory=True)
+    get_model(GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(link)))
+    assert link.is_symlink() and (real / "config.json").is_file() and (real / MARKER).is_file()
+
+
+def test_the_output_has_the_mode_of_any_new_directory(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """It was 0700 (mkdtemp's): a model fetched for a team was its fetcher's alone."""
+    previous = os.umask(0o022)
+    try:
+        get_model(GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(tmp_path / "model")))
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE((tmp_path / "model").stat().st_mode) == 0o755
+
+
+def test_what_a_killed_conversion_left_is_removed_at_the_next_start(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """A killed get-model left its staging directory (a model's size) beside the output for
+    ever; this version's names and the earlier version's are recognised, nothing else."""
+    left = [".model.output.0123abcd.tmp", ".model.k3j_x9q2.tmp"]
+    for name in [*left, ".model-notes.tmp"]:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"half")
+    get_model(GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(tmp_path / "model")))
+    names = {p.name for p in tmp_path.iterdir()}
+    assert not names & set(left) and ".model-notes.tmp" in names
+
+
+# --- the GGUF file: checked before it is read, and all it is read with in the key ---------------
+
+
+def test_a_missing_gguf_file_is_named_not_a_traceback(tmp_path: Path) -> None:
+    """It was hashed first: a FileNotFoundError traceback from inside the hashing."""
+    missing = tmp_path / "nowhere.gguf"
+    with pytest.raises(GGUFError, match=r"nowhere\.gguf: no such file"):
+        get_model(GetModelConfig(gguf=str(missing), output_dir=str(tmp_path / "m")))
+
+
+def test_a_device_is_refused_before_it_is_hashed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--gguf /dev/zero` hashed for ever (a pipe waited for ever)."""
+
+    def hashed(path: Path) -> str:
+        raise AssertionError(f"{path} was hashed")
+
+    monkeypatch.setattr(package_models, "_sha256", hashed)
+    with pytest.raises(GGUFError, match=r"/dev/zero is not a regular file"):
+        get_model(GetModelConfig(gguf="/dev/zero", output_dir=str(tmp_path / "m")))
+
+
+def test_tokenizer_files_beside_the_gguf_are_part_of_the_cache_key(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """transformers reads a `tokenizer.json` and `tokenizer_config.json` beside the file (they
+    replace the GGUF's own vocabulary), yet a second call with them there returned the
+    directory made without them."""
+    folder = tmp_path / "downloads"
+    folder.mkdir()
+    gguf_file = folder / "tiny.gguf"
+    gguf_file.write_bytes(tiny_gguf[0].read_bytes())
+    config = GetModelConfig(gguf=str(gguf_file), output_dir=str(tmp_path / "model"))
+    get_model(config)
+    vocabulary = json.loads((tmp_path / "model" / "tokenizer.json").read_text())
+    vocabulary["added_tokens"][0]["content"] = "<|renamed|>"
+    (folder / "tokenizer.json").write_text(json.dumps(vocabulary))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"model_max_length": 512}))
+    get_model(config)
+    assert "<|renamed|>" in (tmp_path / "model" / "tokenizer.json").read_text()
+    made = json.loads((tmp_path / "model" / MARKER).read_text())
+    assert set(made["source"]["beside"]) == {"tokenizer.json", "tokenizer_config.json"}
+
+
+_opened: list[str] | None = None
+
+
+def _record_opens(event: str, args: tuple) -> None:
+    if _opened is not None and event == "open" and isinstance(args[0], (str, os.PathLike)):
+        _opened.append(os.path.realpath(args[0]))
+
+
+def test_the_conversion_reads_nothing_beside_the_gguf_but_what_its_key_holds(
+    tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
+) -> None:
+    """Every file transformers opens in the GGUF file's folder is the file or one hashed into
+    the key: it also opened `additional_chat_templates/*.jinja` there, and would open whatever
+    a later transformers looks for."""
+    global _opened
+    folder = tmp_path / "downloads"
+    (folder / "additional_chat_templates").mkdir(parents=True)
+    gguf_file = folder / "tiny.gguf"
+    gguf_file.write_bytes(tiny_gguf[0].read_bytes())
+    (folder / "additional_chat_templates" / "tools.jinja").write_text("{{ messages }}")
+    for name in ("tokenizer_config.json", "config.json", "vocab.json", "preprocessor_config.json"):
+        (folder / name).write_text("{}")
+    (folder / "merges.txt").write_text("")
+    sys.addaudithook(_record_opens)  # hooks cannot be removed: this one records only while set
+    _opened = []
+    try:
+        get_model(GetModelConfig(gguf=str(gguf_file), output_dir=str(tmp_path / "model")))
+        opened = {Path(path).relative_to(folder).as_posix() for path in _opened
+                  if Path(path).is_relative_to(folder)}  # fmt: skip
+    finally:
+        _opened = None
+    keyed = json.loads((tmp_path / "model" / MARKER).read_text())["source"].get("beside", {})
+    assert "tiny.gguf" in opened and "tokenizer_config.json" in keyed
+    assert opened - {"tiny.gguf"} <= set(keyed), opened
