@@ -13,6 +13,10 @@ def render_metrics(engine: ServingEngine, model_name: str) -> str:
         "# HELP asyncrl:generation_tokens_total Tokens generated since start.",
         "# TYPE asyncrl:generation_tokens_total counter",
         f"asyncrl:generation_tokens_total{label} {engine.stats.generated_tokens}",
+        "# HELP asyncrl:prefill_tokens_total Prompt tokens run through prefill since start (a "
+        "prompt shared by a request's n samples, or found in the prefix cache, counts once).",
+        "# TYPE asyncrl:prefill_tokens_total counter",
+        f"asyncrl:prefill_tokens_total{label} {engine.stats.prefill_tokens}",
         "# HELP asyncrl:engine_busy_seconds_total Seconds the engine spent stepping (prefill, "
         "decode, sampling), summed: busy time over wall time is its utilisation.",
         "# TYPE asyncrl:engine_busy_seconds_total counter",

@@ -39,15 +39,20 @@ def test_the_openai_client_with_the_key_is_served(keyed_url: str) -> None:
         openai.OpenAI(base_url=f"{keyed_url}/v1", api_key="no", max_retries=0).models.list()
 
 
-def test_metrics_count_generated_tokens(server_url: str) -> None:
-    def total() -> float:
+def test_metrics_count_generated_and_prefilled_tokens(server_url: str) -> None:
+    def totals() -> tuple[float, float]:
         text = httpx.get(f"{server_url}/metrics").text
         for name in ("tokens_per_s", "num_requests_running", "num_requests_waiting",
                      "kv_cache_usage_perc"):  # fmt: skip
             assert f"asyncrl:{name}" in text
-        return float(re.search(r"^asyncrl:generation_tokens_total\S* (\S+)$", text, re.M)[1])
+        return tuple(  # type: ignore[return-value]
+            float(re.search(rf"^asyncrl:{name}\S* (\S+)$", text, re.M)[1])  # type: ignore[index]
+            for name in ("generation_tokens_total", "prefill_tokens_total")
+        )
 
-    before = total()
+    generated, prefilled = totals()
+    prompt = [11, 29, 7, 31, 13]  # token ids no earlier test sent: nothing of it is cached
     httpx.post(f"{server_url}/v1/completions",
-               json={"prompt": "abc", "max_tokens": 7, "ignore_eos": True})  # fmt: skip
-    assert total() - before == 7
+               json={"prompt": prompt, "max_tokens": 7, "ignore_eos": True})  # fmt: skip
+    now_generated, now_prefilled = totals()
+    assert (now_generated - generated, now_prefilled - prefilled) == (7, 5)
