@@ -4,8 +4,8 @@ One run of a config (the real-model quick start by default), and around it, on t
 
 - **the ceiling**: one-thread fp32 matmuls at the model's own linear shapes, each as often as a
   token's pass has it, one process pinned to each core, both at once, before and after the run;
-  the two-core ceiling is the sum of the two cores' rates with 512 rows (training), the decode
-  rate (32 rows) beside it;
+  the two-core ceiling is the sum of the two cores' rates with 512 rows (training) in the precision
+  the trainer ran (float32 or bfloat16), the decode rate (32 rows) and the other precision beside;
 - **useful FLOP/s of each role over the run's steady part** (from the end of the trainer's first
   step to its last), counted from the model's shapes and the tokens each processed, matmuls only:
   the trainer's from the batches it trained (shared prompts once, 2 passes over the frozen base
@@ -43,7 +43,7 @@ import torch
 import yaml
 
 from asyncrl.launch.inference_process import free_port, inference_server
-from asyncrl.monitor.metrics import read_metrics
+from asyncrl.monitor.metrics import read_headers, read_metrics
 from asyncrl.transport.batches import read_batch
 from asyncrl.types import TrainingBatch
 from machine import cpu_name
@@ -72,7 +72,7 @@ def linear_shapes(model_dir: Path) -> tuple[int, int, dict[str, int]]:
 
 CEILING_SCRIPT = """
 import json, os, sys, time, torch
-core, shapes = int(sys.argv[1]), json.loads(sys.argv[2])
+core, shapes, dtype = int(sys.argv[1]), json.loads(sys.argv[2]), getattr(torch, sys.argv[3])
 os.sched_setaffinity(0, {core})
 torch.set_num_threads(1)
 rates = {}
@@ -80,7 +80,7 @@ for rows in (512, 32):
     flops = seconds = 0.0
     for shape, count in shapes.items():
         k, n = map(int, shape.split("x"))
-        a, b = torch.randn(rows, k), torch.randn(k, n)
+        a, b = torch.randn(rows, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
         repeats = max(1, int(2e8 / (rows * k * n)))
         times = []
         for attempt in range(8):
@@ -95,14 +95,19 @@ print(json.dumps(rates))
 """
 
 
-def ceiling(shapes: dict[str, int], cores: list[int]) -> dict[str, list[float]]:
+def ceiling(shapes: dict[str, int], cores: list[int]) -> dict[str, dict[str, list[float]]]:
     """Each core's one-thread GFLOP/s over one pass through the model's linear layers (each shape
-    as often as the model has it), 512 rows (training) and 32 (decode), every core measured at
-    the same time: the rate a role would reach if its matmuls were all it did."""
-    runs = [subprocess.Popen([sys.executable, "-c", CEILING_SCRIPT, str(core), json.dumps(shapes)],
-                             stdout=subprocess.PIPE, text=True) for core in cores]  # fmt: skip
-    rates = [json.loads(run.communicate()[0]) for run in runs]
-    return {rows: [round(r[rows], 1) for r in rates] for rows in ("512", "32")}
+    as often as the model has it), 512 rows (training) and 32 (decode), in float32 and bfloat16,
+    every core measured at the same time: the rate a role would reach if its matmuls were all
+    it did."""
+    rates: dict[str, dict[str, list[float]]] = {}
+    for dtype in ("float32", "bfloat16"):
+        runs = [subprocess.Popen([sys.executable, "-c", CEILING_SCRIPT, str(core),
+                                  json.dumps(shapes), dtype], stdout=subprocess.PIPE, text=True)
+                for core in cores]  # fmt: skip
+        measured = [json.loads(run.communicate()[0]) for run in runs]
+        rates[dtype] = {rows: [round(r[rows], 1) for r in measured] for rows in ("512", "32")}
+    return rates
 
 
 # the run --------------------------------------------------------------------------------------
@@ -155,7 +160,10 @@ def run_and_watch(config: dict, workdir: Path) -> tuple[dict, dict, float]:
     trained = 0
     while run.poll() is None:
         time.sleep(0.25)
-        threads.update(role_threads())  # a role that has exited keeps its last reading
+        for role, reading in role_threads().items():  # CPU time only grows: an exiting
+            seen = threads.setdefault(role, {})  # process (a zombie reads 0) changes nothing
+            for name, seconds in reading.items():
+                seen[name] = max(seen.get(name, 0.0), seconds)
         with contextlib.suppress(OSError):  # the server is shutting down: the run is over
             counters = server_counters(url)
         records = read_metrics(metrics, role="trainer") if metrics.exists() else []
@@ -275,11 +283,17 @@ def main() -> None:
         train_seconds = sum(r["trainer/time/train"] for r in records)
         waited = sum(r["trainer/time/wait_batch"] for r in records)
         replay = batches[: args.replay]
-        dtype = config["inference"].get("dtype", "auto")
+        # each role alone as the run had it: the trainer's resolved recipe, the server's dtype
+        config["trainer"]["recipe"] = read_headers(run_dir / "metrics.jsonl", role="trainer")[0][
+            "precision/recipe"
+        ]
+        served = yaml.safe_load((Path(config["output_dir"]) / "configs" / "infer.yaml").read_text())
+        dtype = served.get("dtype", "auto")
         alone_train = trainer_alone(config, replay, cores[0])
         alone_engine = engine_alone(config, replay, cores[-1], dtype)
     ceiling_after = ceiling(shapes, cores)
-    pairs = zip(ceiling_before["512"], ceiling_after["512"], strict=True)
+    precision = "bfloat16" if config["trainer"]["recipe"] == "bf16" else "float32"
+    pairs = zip(ceiling_before[precision]["512"], ceiling_after[precision]["512"], strict=True)
     two_core = sum(max(before, after) for before, after in pairs)
     trainer_rate = trainer_work / span / 1e9
     engine_rate = engine_work / span / 1e9
@@ -290,7 +304,7 @@ def main() -> None:
         "fp32": args.fp32, "steady_steps": len(batches), "steady_seconds": round(span, 1),
         "seconds_per_step": round(span / len(batches), 2),
         "ceiling_gflop_s": {"before": ceiling_before, "after": ceiling_after,
-                            "two_core_512_rows": round(two_core, 1)},
+                            "two_core_512_rows": round(two_core, 1), "precision": precision},
         "trainer": {"useful_gflop_s": round(trainer_rate, 1),
                     "busy_share": round(train_cpu / span, 3),
                     "train_share": round(train_seconds / span, 3),
