@@ -43,9 +43,11 @@ def start(
     log_path: Path | None,
     env: dict[str, str] | None = None,
     cwd: str | None = None,
+    inherit: bool = True,
 ) -> subprocess.Popen[bytes]:
     """Start `command` in its own process group, dying with us; its output goes to `log_path`,
-    or to our own stdout and stderr when that is None."""
+    or to our own stdout and stderr when that is None. Its environment is ours plus `env`, or
+    `env` alone when not `inherit`."""
     log = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -56,7 +58,7 @@ def start(
             stdout=log,
             stderr=subprocess.STDOUT if log else None,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            env={**os.environ, **(env or {})} if inherit else dict(env or {}),
             cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent,  # only sets a signal: safe before exec

@@ -9,6 +9,12 @@ nothing about another's, and the secret itself never crosses the network.
 
 A channel bound to loopback works without a secret (only this machine reaches it); off
 loopback a role without the secret refuses to start (`secret_for`), naming the channel.
+
+No process that runs a user's code for the run (reward workers, tools, scorer plugins and
+reward models) holds the secret, or any key the run uses: they start with
+`user_code_environment`, the environment less every variable `withheld` names (the run's
+secret, the inference and environment-server keys, Ray's token, and the `api_key_var`s the
+config names, which the role adds with `withhold` before it starts any).
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ from asyncrl.config.base import ConfigError
 
 RUN_SECRET_ENV = "ASYNCRL_RUN_SECRET"
 MIN_SECRET_CHARS = 16
+# what no user code inherits, whatever the config: the run's secret, the default variables of
+# the inference key (`api_key_var`) and of the env-server key, and Ray's cluster token (anyone
+# holding it may run code on every node)
+ALWAYS_WITHHELD = (RUN_SECRET_ENV, "VLLM_API_KEY", "ASYNCRL_ENV_API_KEY", "RAY_AUTH_TOKEN")
+_withheld: set[str] = set(ALWAYS_WITHHELD)
 
 
 def run_secret(environ: Mapping[str, str] | None = None) -> str | None:
@@ -82,3 +93,20 @@ def store_prefix(secret: str | None, channel: str) -> str:
     if secret is None:
         return f"asyncrl/{channel}/"
     return f"asyncrl/{channel}/{derive(secret, channel).hex()}/"
+
+
+def withhold(*variables: str | None) -> None:
+    """Name further variables that hold a key of this process (a configured `api_key_var`):
+    from now on no process started with `user_code_environment` inherits them."""
+    _withheld.update(name for name in variables if name)
+
+
+def withheld() -> frozenset[str]:
+    return frozenset(_withheld)
+
+
+def user_code_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of a process that runs a user's code (a reward, a tool, a scorer): this
+    one's (`environ`) less the run's secret and every key `withheld` names."""
+    source = os.environ if environ is None else environ
+    return {name: value for name, value in source.items() if name not in _withheld}

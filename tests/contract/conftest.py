@@ -76,15 +76,18 @@ def base_model_dir(contract_root: Path) -> Path:
 
 
 @contextmanager
-def running(name: str, model_dir: Path, weight_root: Path, log: Path) -> Iterator[Engine]:
-    """`asyncrl infer --backend NAME` on `model_dir`, allowed to reload from `weight_root`."""
+def running(
+    name: str, model_dir: Path, weight_root: Path, log: Path, env: dict[str, str] | None = None
+) -> Iterator[Engine]:
+    """`asyncrl infer --backend NAME` on `model_dir`, allowed to reload from `weight_root`
+    (`env`: added to its environment)."""
     args = ["--dtype", "float32", "--max_model_len", "256", "--max_lora_rank", "8"]
     args += ["--weight_roots", f"[{weight_root}]"]
     if name == "vllm":
         args += ["--backend", "vllm", "--executable", required_vllm_python(),
                  "--enforce_eager", "true", "--kv_cache_memory_bytes", str(128 << 20),
                  "--max_num_seqs", "64"]  # fmt: skip
-    with inference_server(model_dir, *args, log_path=log, startup_timeout=600) as url:
+    with inference_server(model_dir, *args, env=env, log_path=log, startup_timeout=600) as url:
         yield Engine(name, url, str(model_dir), model_dir, weight_root)
 
 

@@ -22,6 +22,7 @@ import torch
 import uvicorn
 
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.access import log_access, server_api_key
 from asyncrl.inference.served_model import ServedModel
 from asyncrl.inference.server import EngineFailed, build_app, load_served_model
 from asyncrl.log import get_logger
@@ -47,6 +48,8 @@ def vllm_served_model(config: InferenceConfig) -> ServedModel:
 class ColocatedInference:
     def __init__(self, config: InferenceConfig, model: torch.nn.Module, version: int) -> None:
         """Start serving `model` (weights version `version`: 0, or the step resumed from)."""
+        # off loopback without a key: refused before any model loads
+        log_access(config, server_api_key(config))
         self.vllm = config.backend == "vllm"
         self.served = vllm_served_model(config) if self.vllm else load_served_model(config)
         self.engine = self.served.engine

@@ -20,6 +20,15 @@ class GPUIdsConfig(StrictModel):
         None, description=f"{_IDS} (one per trainer rank; colocated: the server's too)."
     )
     judge: list[int] | None = Field(None, description=f"{_IDS} (null: the inference server's).")
+    reward_model: list[int] | None = Field(
+        None,
+        description="The GPUs of the orchestrator's reward-model processes "
+        "(`env[].model_rewards` with `device: cuda`; the orchestrator itself sees none), as "
+        "positions among the GPUs the launcher sees, given to each such process as its "
+        "CUDA_VISIBLE_DEVICES; null = the inference server's.",
+    )
 
     def any_set(self) -> bool:
-        return any(ids is not None for ids in (self.inference, self.trainer, self.judge))
+        return any(
+            ids is not None for ids in (self.inference, self.trainer, self.judge, self.reward_model)
+        )

@@ -42,8 +42,10 @@ class InferenceConfig(StrictModel):
     port: int = Field(8000, ge=1, le=65535, description="Bind port.")
     api_key_var: str = Field(
         "VLLM_API_KEY",
-        description="Environment variable holding the bearer API key the server requires "
-        "(unset or empty variable = no key required).",
+        description="Environment variable holding the bearer API key the server requires on "
+        "every route but /health, /version and /metrics (vLLM's development routes too). Unset "
+        "or empty: no key, allowed on a loopback `host` only (the server refuses to start "
+        "without one on any other address).",
     )
     served_model_name: str | None = Field(
         None, description="Name clients use in `model` (null = the `model` value)."

@@ -17,6 +17,10 @@ from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.base import StrictModel
 
+# what the orchestrator's process is given by `asyncrl rl` (local): the GPUs its reward models'
+# scorer processes see, as their CUDA_VISIBLE_DEVICES (the orchestrator itself sees none)
+SCORER_DEVICES_ENV = "ASYNCRL_SCORER_DEVICES"
+
 # the fields a judge's prompt template may use
 PROMPT_FIELDS = ("task", "completion", "answer")
 
@@ -56,7 +60,12 @@ class RewardModelTermConfig(ModelTermBase):
     max_length: int = Field(
         1024, gt=0, description="Tokens per text at most; longer texts lose their beginning."
     )
-    device: str = Field("cpu", description="Torch device of the reward model's process.")
+    device: str = Field(
+        "cpu",
+        description="Torch device of the reward model's process: `cpu`, or `cuda` / `cuda:N` "
+        "(N counts among the GPUs that process sees: under `asyncrl rl`, `gpu_ids.reward_model`, "
+        "else the inference server's; not on Ray, whose orchestrator has no GPU).",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weights and activations dtype."
     )
@@ -65,6 +74,17 @@ class RewardModelTermConfig(ModelTermBase):
     timeout: float = Field(
         120.0, gt=0, description=ModelTermBase.model_fields["timeout"].description
     )
+
+    @field_validator("device")
+    @classmethod
+    def _cuda_device_is_well_formed(cls, device: str) -> str:
+        if device.split(":")[0] == "cuda" and not re.fullmatch(r"cuda(:\d+)?", device):
+            raise ValueError(f"{device!r}: a CUDA device is `cuda` or `cuda:N`")
+        return device
+
+    def on_cuda(self) -> bool:
+        """Whether its process needs a GPU (`cuda`, `cuda:N`)."""
+        return self.device.split(":")[0] == "cuda"
 
 
 class JudgeTermConfig(ModelTermBase):

@@ -342,3 +342,24 @@ class OrchestratorConfig(StrictModel):
                 f"`max_async_level` ({self.max_async_level}): otherwise every rollout is dropped"
             )
         return self
+
+    def secret_variables(self) -> list[str]:
+        """The variables that hold a key this orchestrator uses: the inference servers', each
+        env-server's, each judge's. Its reward and scorer processes inherit none of them."""
+        envs = [*self.env, *(self.eval.env if self.eval else [])]
+        judges = [term for env in envs for term in env.model_rewards if term.type == "judge"]
+        return [
+            self.client.api_key_var,
+            *(env.api_key_var for env in envs),
+            *(term.api_key_var for term in judges if term.api_key_var),
+        ]
+
+    def cuda_reward_models(self) -> list[tuple[str, str]]:
+        """(name, device) of every reward-model term that asks for a GPU (`device: cuda…`)."""
+        envs = [*self.env, *(self.eval.env if self.eval else [])]
+        return [
+            (term.name, term.device)
+            for env in envs
+            for term in env.model_rewards
+            if term.type == "reward_model" and term.on_cuda()
+        ]

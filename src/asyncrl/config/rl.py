@@ -126,6 +126,14 @@ class RLConfig(StrictModel):
                 "`gpu_ids` places roles for the local launcher; on Ray each role asks for "
                 "`ray.inference.gpus` / `ray.trainer.gpus` and Ray picks the devices"
             )
+        cuda_terms = self.orchestrator.cuda_reward_models()
+        if self.launcher == "ray" and cuda_terms:
+            name, device = cuda_terms[0]
+            raise ValueError(
+                f"env[].model_rewards `{name}` asks for device {device}; on Ray the "
+                "orchestrator, whose processes run reward models, is placed with no GPU: use "
+                "`device: cpu`, or `launcher: local` (its `gpu_ids.reward_model`)"
+            )
         if self.launcher == "local" and self.ray.inference.replicas > 1:
             raise ValueError(
                 f"`ray.inference.replicas` ({self.ray.inference.replicas}) needs `launcher: "

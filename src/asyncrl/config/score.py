@@ -9,6 +9,9 @@ from pydantic import Field
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.env import EnvConfig
+from asyncrl.config.orchestrator import OrchestratorConfig
+
+_RUN = OrchestratorConfig.model_fields  # a run's reward limits are this command's defaults
 
 
 class ScoreConfig(StrictModel):
@@ -29,4 +32,20 @@ class ScoreConfig(StrictModel):
         description='A JSONL file of `{"completion": ...}` lines (optionally `example`: the '
         "example's position, from 0), scored besides `completions`; e.g. your model's outputs.",
     )
-    timeout: float = Field(30.0, gt=0, description="Seconds one reward may take.")
+    timeout: float = Field(
+        _RUN["reward_timeout"].default,
+        gt=0,
+        description="Seconds one reward may take (a run's `orchestrator.reward_timeout`).",
+    )
+    memory_limit: float | None = Field(
+        _RUN["reward_memory_limit"].default,
+        gt=0,
+        description="GiB of address space of the reward worker and its children, as in a run "
+        "(`orchestrator.reward_memory_limit`; null = no limit).",
+    )
+    cpu_limit: float | None = Field(
+        _RUN["reward_cpu_limit"].default,
+        gt=0,
+        description="CPU seconds one completion's reward may use, as in a run "
+        "(`orchestrator.reward_cpu_limit`; null = no limit).",
+    )

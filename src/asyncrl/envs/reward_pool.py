@@ -8,7 +8,9 @@ message of each kind is logged, later ones only counted. The same workers answer
 environment's turns, under the same timeout and limits: a failed turn ends its episode, and
 the turn's tool calls together get `TOOL_BUDGET` of its timeout, so slow tools end the turn's
 tool calls, not the worker. A worker dies with the process that runs the pool (SIGKILL from the
-kernel, PR_SET_PDEATHSIG), so a killed orchestrator leaves no worker running.
+kernel, PR_SET_PDEATHSIG), so a killed orchestrator leaves no worker running. A worker runs
+reward code that may run model-written code: it starts without the run's secret and keys
+(`run_secret.user_code_environment`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_session
+from asyncrl.run_secret import user_code_environment
 
 logger = get_logger(__name__)
 
@@ -114,6 +117,7 @@ class RewardPool:
             sys.executable, "-m", "asyncrl.envs.reward_worker", self.spec,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             start_new_session=True, limit=ANSWER_LIMIT, preexec_fn=_die_with_the_pool,
+            env=user_code_environment(),
         )  # fmt: skip
         worker = _Worker(process)
         self._workers.append(worker)

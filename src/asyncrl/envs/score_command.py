@@ -2,14 +2,19 @@
 
 A reward that never pays, or pays everything, wastes a run; this shows the prompts a run would
 send, the answer and extra columns the reward receives, and the reward of each completion with
-its terms. The completions are scored by the same isolated reward workers a run uses, so a
-reward module a worker cannot import, or a reward that raises or hangs, shows up here too.
+its terms. The completions are scored by the same isolated reward workers a run uses, under a
+run's limits (timeout, memory, CPU time: `orchestrator.reward_*`'s defaults) and without the
+run's secrets, so a reward module a worker cannot import, or a reward that raises, hangs or
+runs away, shows up here too. Dataset text and completions are shown with control characters
+escaped (`\x1b`, `\u202e`…): a line of data cannot move the cursor, recolour or rewrite the
+terminal, or reorder what is shown.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,7 +79,8 @@ async def score_all(config: ScoreConfig) -> list[Scored]:
     except ValueError as error:
         raise EnvironmentLoadError(f"environment `{env_config.id}`: {error}") from error
     pool = RewardPool(env_config.id, env_config.args, env.rubric, num_workers=1,
-                      timeout=config.timeout)  # fmt: skip
+                      timeout=config.timeout, memory_limit=config.memory_limit,
+                      cpu_limit=config.cpu_limit)  # fmt: skip
     await pool.start()
     try:
         return [
@@ -85,9 +91,28 @@ async def score_all(config: ScoreConfig) -> list[Scored]:
         await pool.close()
 
 
+def shown(text: str) -> str:
+    """`text` safe for a terminal: newlines as ⏎, and every other control character (C0, DEL,
+    C1: escape sequences), format character (bidirectional overrides, zero-width) and line or
+    paragraph separator as its Python escape."""
+    return "".join("⏎" if c == "\n" else _escaped(c) for c in text)
+
+
+def _escaped(character: str) -> str:
+    if unicodedata.category(character) in ("Cc", "Cf", "Zl", "Zp"):
+        return character.encode("unicode_escape").decode("ascii")
+    return character
+
+
 def _short(text: str) -> str:
-    flat = text.replace("\n", "⏎")
+    flat = shown(text)
     return flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…"
+
+
+def _quoted(text: str) -> str:
+    """A completion, quoted as Python would (its `repr` escapes what `shown` does, and more)."""
+    flat = text.replace("\n", "⏎")
+    return repr(flat if len(flat) <= SHOWN else flat[: SHOWN - 1] + "…")
 
 
 def report(scored: list[Scored]) -> str:
@@ -100,21 +125,21 @@ def report(scored: list[Scored]) -> str:
             prompt = example.prompt[-1]["content"] if example.prompt else ""
             lines += [
                 "",
-                f"example {example.example_id} ({example.task})",
+                f"example {shown(str(example.example_id))} ({shown(str(example.task))})",
                 f"  prompt:  {_short(prompt)}",
                 f"  answer:  {_short(example.answer)}",
             ]
             if example.info:
                 lines.append(f"  info:    {_short(json.dumps(example.info))}")
         result = item.result
-        terms = ", ".join(f"{name} {value:.3g}" for name, value in result.values.items())
+        terms = ", ".join(f"{shown(name)} {value:.3g}" for name, value in result.values.items())
         trouble = ""
         if result.lost:
             trouble = f"  [no answer from the reward: {result.lost}]"
         elif result.failed:
-            trouble = f"  [raised or not finite: {', '.join(result.failed)}]"
+            trouble = f"  [raised or not finite: {shown(', '.join(result.failed))}]"
         lines.append(
-            f"  reward {result.reward:.3f} ({terms}) ← {_short(item.completion)!r}{trouble}"
+            f"  reward {result.reward:.3f} ({terms}) ← {_quoted(item.completion)}{trouble}"
         )
     rewards = [item.result.reward for item in scored]
     if rewards:

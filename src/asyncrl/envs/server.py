@@ -40,7 +40,7 @@ from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.registry import load_environment
 from asyncrl.envs.reward_pool import EnvironmentFailed, RewardPool
 from asyncrl.log import get_logger
-from asyncrl.run_secret import is_loopback
+from asyncrl.run_secret import is_loopback, withhold
 from asyncrl.web.api_key import ApiKeyGuard
 from asyncrl.web.body_limit import BodySizeLimit
 
@@ -98,6 +98,7 @@ def api_key_of(config: EnvServerConfig) -> str | None:
 
 def build_app(config: EnvServerConfig) -> FastAPI:
     api_key = api_key_of(config)
+    withhold(config.api_key_var)  # the workers run the environment's code: not its key
     env = load_environment(config.env.id, config.env.args)
     pool = RewardPool(
         config.env.id, config.env.args, env.rubric, num_workers=config.workers,

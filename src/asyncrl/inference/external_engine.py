@@ -11,6 +11,17 @@ the machine: vLLM reads it from its environment (`VLLM_API_KEY`); SGLang, which 
 as a flag, reads it from a config file (`--config`, SGLang 0.5.3 or later) written for it
 alone (mode 0600 in a private directory) and removed once the server answers.
 
+vLLM runs in development mode (`VLLM_SERVER_DEV_MODE=1`): the routes asyncrl drives it with
+(/collective_rpc, /pause, /reset_prefix_cache) exist only there, beside others nobody outside
+the run may call (/sleep; /collective_rpc runs any worker method). vLLM's own key guards its
+`/v1` routes only, so with a key `asyncrl infer` hands vLLM asyncrl's guard as `--middleware`
+(`web/api_key.EngineKeyGuard`): every route but /health, /version and /metrics needs the key.
+Without a key the server must be on loopback (`access.py`); a `--host` or `--api-key` in
+`extra_args`, which would bypass both, is refused. The worker extension reloads weights only
+from under `weight_roots`, handed to it resolved in `$ASYNCRL_WEIGHT_ROOTS`. The engine starts
+without the run's secret (it opens no channel of the run) and with no inference key but the
+configured one.
+
 vLLM is started with `--logprobs-mode processed_logprobs`: by default it returns logprobs before
 temperature, and asyncrl's contract (and the trainer's importance ratios) is the logprob of the
 distribution actually sampled from.
@@ -38,17 +49,27 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 
 import yaml
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.gpu_presence import could_have_gpus
+from asyncrl.inference.access import log_access, server_api_key
 from asyncrl.inference.dtype import external_engine_dtype
+from asyncrl.inference.weight_roots import resolved_roots
 from asyncrl.log import get_logger
 from asyncrl.processes import start, stop, wait_healthy
-from asyncrl.transport.vllm_worker_extension import EXTENSION
+from asyncrl.run_secret import RUN_SECRET_ENV
+from asyncrl.transport.vllm_worker_extension import EXTENSION, WEIGHT_ROOTS_ENV
+from asyncrl.web.api_key import ENGINE_KEY_ENV
+
+ENGINE_GUARD = "asyncrl.web.api_key.EngineKeyGuard"  # vLLM's `--middleware`, with a key
+# flags that would bind elsewhere than `host` or put a key on the command line: refused
+REFUSED_FLAGS = ("--host", "--api-key")
 
 logger = get_logger(__name__)
 
@@ -127,17 +148,23 @@ def vllm_command(config: InferenceConfig, gpus_possible: bool | None = None) -> 
         command += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
     if vllm_worker_in_engine_core(config, gpus_possible):
         command += ["--distributed-executor-backend", "uni"]
+    if os.environ.get(config.api_key_var):  # every route, not only /v1, needs the key
+        command += ["--middleware", ENGINE_GUARD]
     return command + config.extra_args
 
 
 def vllm_environment(config: InferenceConfig, gpus_possible: bool | None = None) -> dict[str, str]:
-    """The RL routes (/pause, /collective_rpc, /reset_prefix_cache) exist only in dev mode;
-    runtime LoRA loading needs its own switch. The key travels in the environment, never on
-    the command line where `ps` shows it. vLLM's CPU platform keeps the `uni` executor only
-    where V1 multiprocessing is off: the API server still starts its engine core as a process
-    of its own (its async client always does), and that process runs the worker. Eager on a
-    machine with no GPU, torch.compile is off."""
-    env = {"VLLM_SERVER_DEV_MODE": "1"}
+    """The RL routes (/pause, /collective_rpc, /reset_prefix_cache) exist only in dev mode
+    (guarded by the key with everything else: see the module's docstring); runtime LoRA
+    loading needs its own switch; the worker extension reads the weight roots. The key travels
+    in the environment, never on the command line where `ps` shows it. vLLM's CPU platform
+    keeps the `uni` executor only where V1 multiprocessing is off: the API server still starts
+    its engine core as a process of its own (its async client always does), and that process
+    runs the worker. Eager on a machine with no GPU, torch.compile is off."""
+    env = {
+        "VLLM_SERVER_DEV_MODE": "1",
+        WEIGHT_ROOTS_ENV: json.dumps(resolved_roots(config.weight_roots)),
+    }
     if vllm_worker_in_engine_core(config, gpus_possible):
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if vllm_compiles_nothing(config, gpus_possible):
@@ -145,8 +172,28 @@ def vllm_environment(config: InferenceConfig, gpus_possible: bool | None = None)
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if key := os.environ.get(config.api_key_var):
-        env["VLLM_API_KEY"] = key
+        env[ENGINE_KEY_ENV] = key
     return env
+
+
+def engine_environment(overlay: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The engine process's whole environment: ours (`environ`) without the run's secret, and
+    without an inherited `$VLLM_API_KEY` that is not the configured key, plus `overlay`."""
+    dropped = {RUN_SECRET_ENV, ENGINE_KEY_ENV}
+    return {**{k: v for k, v in environ.items() if k not in dropped}, **overlay}
+
+
+def refuse_flags_that_open(config: InferenceConfig) -> None:
+    """`extra_args` may not bind the engine elsewhere than `host` (past the loopback check) nor
+    put a key on the command line (where `ps` shows it): `host` and `api_key_var` say those."""
+    for arg in config.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in REFUSED_FLAGS:
+            key = "host" if flag == "--host" else "api_key_var"
+            raise ConfigError(
+                f"inference.extra_args: {flag} is refused; set `inference.{key}` instead (the "
+                "address is checked before the engine starts, the key travels in its environment)"
+            )
 
 
 def sglang_command(config: InferenceConfig, key_file: Path | None = None) -> list[str]:
@@ -214,8 +261,10 @@ def serve_external(config: InferenceConfig) -> None:
             f"`inference.executable` {config.executable} does not exist: it must be the Python "
             f"of a venv with {config.backend} installed (`make vllm` makes .venv-vllm)"
         )
+    refuse_flags_that_open(config)
+    key = server_api_key(config)  # none: refused off loopback
+    log_access(config, key)
     config = config.model_copy(update={"dtype": external_engine_dtype(config)})
-    key = os.environ.get(config.api_key_var)
     key_file = private_key_file(key) if key and config.backend == "sglang" else None
     command, env = engine_command(config, key_file)
     sockets = Path(tempfile.mkdtemp(prefix=f"asyncrl-{config.backend}-ipc-"))  # mode 0700
@@ -223,7 +272,7 @@ def serve_external(config: InferenceConfig) -> None:
     # stops: given one of their own, they go when the server does
     env["VLLM_RPC_BASE_PATH"] = str(sockets)
     logger.info("starting %s: %s", config.backend, " ".join(command))
-    process = start(command, None, env)
+    process = start(command, None, engine_environment(env, os.environ), inherit=False)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)

@@ -8,7 +8,6 @@ bad request gets a 4xx with a message; the server keeps serving.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 from types import FrameType
@@ -24,6 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
+from asyncrl.inference.access import log_access, server_api_key
 from asyncrl.inference.api_errors import APIError, error_response
 from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
@@ -100,9 +100,10 @@ def slots_that_fit(
 def build_app(
     config: InferenceConfig, served: ServedModel, receiver: WeightIntake | None = None
 ) -> FastAPI:
-    """The app: the API key on every route but /health, /version and /metrics (checked first),
-    request-size and read-time limits, OpenAI-shaped errors, and the two groups of routes."""
-    api_key = os.environ.get(config.api_key_var) or None
+    """The app: the API key on every route but /health, /version and /metrics (checked first;
+    no key: refused off loopback), request-size and read-time limits, OpenAI-shaped errors,
+    and the two groups of routes."""
+    api_key = server_api_key(config)  # none: refused off loopback (`access.py`)
     app = FastAPI(title="asyncrl inference", docs_url=None, redoc_url=None)
     app.add_middleware(
         BodySizeLimit,
@@ -155,7 +156,9 @@ class ClosingServer(uvicorn.Server):
 
 
 def serve(config: InferenceConfig) -> None:
-    """Load the model, start the engine and serve until interrupted."""
+    """Load the model, start the engine and serve until interrupted; refused at once off
+    loopback without an API key (`access.py`)."""
+    log_access(config, server_api_key(config))
     served = load_served_model(config)
     receiver = open_intake(served, config)  # weights pushed by the trainer (NCCL, …), if so
     if receiver is not None:

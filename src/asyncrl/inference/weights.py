@@ -20,27 +20,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
-
-class WeightLoadError(ValueError):
-    """The directory is missing, outside the allowed roots, or does not fit the model."""
-
-
-def resolve_under_roots(path: str | Path, roots: list[str]) -> Path:
-    """The real path of `path` (symlinks resolved), which must lie under one of `roots`.
-
-    A path from a request is taken literally: `~user` is not expanded, so a client can neither
-    probe which users exist nor make the lookup fail.
-    """
-    if "\x00" in str(path):
-        raise WeightLoadError(f"{path!r}: a path cannot contain NUL")
-    resolved = Path(path).resolve()
-    for root in roots:
-        root_path = Path(root).expanduser().resolve()
-        if resolved == root_path or root_path in resolved.parents:
-            return resolved
-    raise WeightLoadError(
-        f"{path}: outside the allowed weight roots {roots} (set inference.weight_roots)"
-    )
+from asyncrl.inference.weight_roots import WeightLoadError, resolve_under_roots
 
 
 def weight_directory(path: str, roots: list[str]) -> Path:

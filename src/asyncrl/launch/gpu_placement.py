@@ -13,8 +13,11 @@ Left unset, the split follows the deployment:
 - disaggregated on several: the trainer gets the last `trainer.world_size` GPUs and the server,
   and the judge if any, the others (a world size that leaves the server none is refused).
 
-The orchestrator never touches a GPU: it gets none. Pure over plain data, so every machine's
-case is tested on a machine without a GPU.
+The orchestrator never touches a GPU: it gets none. Its reward models (`env[].model_rewards`
+with `device: cuda`) run in processes of their own, which do: they get `gpu_ids.reward_model`,
+else the server's GPUs, handed to the orchestrator as `$ASYNCRL_SCORER_DEVICES` and given to
+each scorer process as its CUDA_VISIBLE_DEVICES (`scorer_process.scorer_environment`). Pure over
+plain data, so every machine's case is tested on a machine without a GPU.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from asyncrl.config.base import ConfigError
+from asyncrl.config.model_rewards import SCORER_DEVICES_ENV
 from asyncrl.gpu_presence import gpu_count
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -57,10 +61,14 @@ def place_gpus(
     wanted: Mapping[str, list[int] | None],
     trainer_ranks: int = 1,
     judge: bool = False,
+    reward_models: Sequence[tuple[str, str]] = (),
 ) -> Placement:
-    """The devices of `infer`, `train` and `judge` (when `judge`), from the ids the config
-    asked for (`wanted`: role -> positions among `visible`, or None) and the deployment."""
+    """The devices of `infer`, `train`, `judge` (when `judge`) and `reward_model` (when
+    `reward_models`, (name, device) of the terms that ask for a GPU, is not empty), from the
+    ids the config asked for (`wanted`: role -> positions among `visible`, or None) and the
+    deployment."""
     roles = ["train"] + ([] if deployment == "colocated" else ["infer"]) + (["judge"] * judge)
+    roles += ["reward_model"] if reward_models else []
     for role, ids in wanted.items():
         if ids is None:
             continue
@@ -86,21 +94,35 @@ def place_gpus(
             f"gpu_ids.trainer: {len(trainer_ids)} GPU(s) for trainer.world_size {trainer_ranks} "
             "(each rank takes one)"
         )
+    if reward_models and not visible:
+        name, device = reward_models[0]
+        raise GPUPlacementError(
+            f"env[].model_rewards `{name}` asks for device {device}, but this machine shows no "
+            "CUDA device: use `device: cpu`"
+        )
     if not visible:
         return Placement({}, "no CUDA device: every role on the CPU")
     chosen, reason = _default_split(deployment, list(visible), trainer_ranks)
     devices = {}
     for role in roles:
         ids = wanted.get(role)
-        source = chosen["infer" if role == "judge" else role] if ids is None else ids
+        shares_the_servers = role in ("judge", "reward_model")
+        source = chosen["infer" if shares_the_servers else role] if ids is None else ids
         devices[role] = [visible[i] for i in source]
+    for name, device in reward_models:  # `cuda` or `cuda:N` (the config checks the form)
+        if int(device.partition(":")[2] or 0) >= len(devices["reward_model"]):
+            raise GPUPlacementError(
+                f"env[].model_rewards `{name}`: device {device}, but its process sees "
+                f"{len(devices['reward_model'])} GPU(s) (gpu_ids.reward_model, else the "
+                "inference server's; cuda:N counts among them)"
+            )
     explicit = [f"gpu_ids.{_KEYS[r]}" for r in roles if wanted.get(r) is not None]
     if explicit:
         reason = f"set in the config ({', '.join(explicit)})"
     return Placement(devices, reason)
 
 
-_KEYS = {"infer": "inference", "train": "trainer", "judge": "judge"}
+_KEYS = {"infer": "inference", "train": "trainer", "judge": "judge", "reward_model": "reward_model"}
 
 
 def _default_split(
@@ -130,8 +152,12 @@ def _default_split(
 
 
 def role_environment(placement: Placement, role: str) -> dict[str, str]:
-    """What the role's process gets: its devices, none for the orchestrator, nothing at all on
-    a machine without GPUs (the user's own CUDA_VISIBLE_DEVICES then stays as it was)."""
+    """What the role's process gets: its devices, none for the orchestrator (but the devices of
+    its reward models' processes, when it has any on a GPU), nothing at all on a machine
+    without GPUs (the user's own CUDA_VISIBLE_DEVICES then stays as it was)."""
     if not placement.roles:
         return {}
-    return {VISIBLE: ",".join(placement.roles.get(role, []))}
+    env = {VISIBLE: ",".join(placement.roles.get(role, []))}
+    if role == "orch" and "reward_model" in placement.roles:
+        env[SCORER_DEVICES_ENV] = ",".join(placement.roles["reward_model"])
+    return env

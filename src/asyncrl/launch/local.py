@@ -23,6 +23,7 @@ from asyncrl.config.deployment import machine_deployment
 from asyncrl.config.rl import RLConfig
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.gpu_presence import gpu_count
+from asyncrl.inference.access import server_api_key
 from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.role_fork import forking_roles, preload
@@ -102,8 +103,10 @@ def gpu_placement(config: RLConfig, visible: list[str] | None = None) -> Placeme
     ids = config.gpu_ids
     return place_gpus(
         config.deployment, visible_gpus() if visible is None else visible,
-        {"infer": ids.inference, "train": ids.trainer, "judge": ids.judge},
+        {"infer": ids.inference, "train": ids.trainer, "judge": ids.judge,
+         "reward_model": ids.reward_model},
         config.trainer.world_size, judge=config.judge is not None,
+        reward_models=config.orchestrator.cuda_reward_models(),
     )  # fmt: skip
 
 
@@ -135,6 +138,10 @@ def role_specs(
 
 
 def run_rl(config: RLConfig) -> None:
+    # a server other machines reach needs its key: refused here, before any role starts
+    server_api_key(config.inference)
+    if config.judge is not None:
+        server_api_key(config.judge.inference_config())
     if forking_roles(config.role_start):
         preload()  # once, for every role and restart (`role_fork.py`)
     output = Path(config.output_dir)

@@ -55,6 +55,7 @@ from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.run.layout import metrics_file, samples_file
+from asyncrl.run_secret import withhold
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.types import TrainingBatch
@@ -70,6 +71,7 @@ class Orchestrator:
     def __init__(self, config: OrchestratorConfig) -> None:
         self.config = config
         self.run_dir = Path(config.output_dir)
+        withhold(*config.secret_variables())  # no reward, tool or scorer process inherits them
         self.envs = [environment_of(env) for env in config.env]
         self.env_names = [env.name or env.id for env in config.env]
         model = config.model.name

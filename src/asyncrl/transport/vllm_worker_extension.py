@@ -6,6 +6,12 @@ built at start-up stays the old one: the served logits mix new and old weights (
 logprobs off by up to 1.5 after one step). `asyncrl_reload_weights` reloads, then repacks a tied
 head from the new embedding. The same repack serves the in-process engine (`vllm_inprocess.py`).
 
+A reload reads only under the server's `weight_roots`, as the embedded server's does: `asyncrl
+infer` hands them to vLLM's processes, resolved, in `$ASYNCRL_WEIGHT_ROOTS`, and the directory
+and every file in it must resolve (symlinks, `..`) under one of them; anything else is refused
+before vLLM reads a byte, and the served weights stay as they were. A server started without
+that variable (not by `asyncrl infer`) reloads nothing.
+
 Imported inside vLLM's worker processes (and by the orchestrator and `asyncrl infer`, for its
 name): nothing of a role, and torch only where a head is repacked, so the process that starts
 vLLM need not load it.
@@ -13,12 +19,39 @@ vLLM need not load it.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from asyncrl.inference.weight_roots import WeightLoadError, resolve_under_roots
 
 if TYPE_CHECKING:
     import torch
 
 EXTENSION = "asyncrl.transport.vllm_worker_extension.AsyncrlWorkerExtension"
+WEIGHT_ROOTS_ENV = "ASYNCRL_WEIGHT_ROOTS"  # a JSON list of absolute directories
+
+
+def allowed_weights_dir(weights_path: str, environ: Mapping[str, str] | None = None) -> str:
+    """`weights_path` resolved, once it and every file in it lie under `$ASYNCRL_WEIGHT_ROOTS`;
+    otherwise `WeightLoadError`, naming why."""
+    raw = (os.environ if environ is None else environ).get(WEIGHT_ROOTS_ENV)
+    if raw is None:
+        raise WeightLoadError(
+            f"${WEIGHT_ROOTS_ENV} is unset: this vLLM server was not started by `asyncrl "
+            "infer`, which names the directories weights may be read from; nothing is reloaded"
+        )
+    roots = json.loads(raw)
+    if not isinstance(roots, list) or not all(isinstance(root, str) for root in roots):
+        raise WeightLoadError(f"${WEIGHT_ROOTS_ENV} is not a JSON list of directories: {raw!r}")
+    directory = resolve_under_roots(weights_path, roots)
+    if not directory.is_dir():
+        raise WeightLoadError(f"{weights_path}: not a directory")
+    for entry in Path(directory).iterdir():  # a symlink inside may point anywhere
+        resolve_under_roots(entry, roots)
+    return str(directory)
 
 
 def refresh_tied_head(model: torch.nn.Module) -> bool:
@@ -44,7 +77,9 @@ class AsyncrlWorkerExtension:
         return EXTENSION
 
     def asyncrl_reload_weights(self, weights_path: str) -> bool:
-        """vLLM's in-place reload from `weights_path`, then a tied head repacked. Returns
-        whether the head was tied (the caller's check that this extension ran)."""
-        self.reload_weights(weights_path=weights_path)  # type: ignore[attr-defined]
+        """vLLM's in-place reload from `weights_path` (which must lie under the server's
+        `weight_roots`), then a tied head repacked. Returns whether the head was tied (the
+        caller's check that this extension ran)."""
+        directory = allowed_weights_dir(weights_path)
+        self.reload_weights(weights_path=directory)  # type: ignore[attr-defined]
         return refresh_tied_head(self.model_runner.get_model())

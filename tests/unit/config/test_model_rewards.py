@@ -47,6 +47,7 @@ def test_each_kind_of_model_term_loads_with_its_defaults() -> None:
         ({"type": "judge", "base_url": "u", "scale": [5, 5]}, "high > low"),
         ({"type": "plugin", "import_path": "no_colon"}, "`module:factory`"),
         ({"type": "reward_model"}, "model_rewards[0].model`: required"),
+        ({"type": "reward_model", "model": "rm", "device": "cuda:x"}, "`cuda` or `cuda:N`"),
         ({"type": "oracle"}, "does not match any of the expected tags"),
     ],
 )

@@ -9,6 +9,11 @@ scorer that cannot load (a wrong path, a plugin that raises) stops start-up with
 A batch that takes longer than `timeout`, a process that dies, or a scorer that raises costs
 that batch's rollouts (counted `timeout`, `unavailable`, `error`); the process is then replaced
 before the next batch. A score that is not a finite number costs its rollout (`unparseable`).
+
+The process runs a user's code (a plugin, a hub model's): it starts without the run's secret
+and keys (`run_secret.user_code_environment`). A reward model on `cuda` sees the GPUs `asyncrl
+rl` set aside for it (`$ASYNCRL_SCORER_DEVICES`, `gpu_placement.py`) as its
+CUDA_VISIBLE_DEVICES, where the orchestrator itself sees none (`scorer_environment`).
 """
 
 from __future__ import annotations
@@ -18,14 +23,20 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from asyncrl.config.base import ConfigError
-from asyncrl.config.model_rewards import PluginTermConfig, RewardModelTermConfig
+from asyncrl.config.model_rewards import (
+    SCORER_DEVICES_ENV,
+    PluginTermConfig,
+    RewardModelTermConfig,
+)
 from asyncrl.envs.model_rewards.items import ScoreItem
 from asyncrl.envs.model_rewards.stats import Judged, TermStats
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_session
+from asyncrl.run_secret import user_code_environment
 
 logger = get_logger(__name__)
 
@@ -154,13 +165,12 @@ class ScorerProcess:
     async def _spawn(self) -> str | None:
         """A fresh process with the scorer loaded; None, or why it is not ready."""
         await self._kill()
-        threads = str(getattr(self.config, "threads", 1))
         self.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "asyncrl.envs.model_rewards.scorer_worker",
             json.dumps(self.config.model_dump(mode="json")),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             start_new_session=True, limit=LINE_LIMIT,
-            env={**os.environ, "OMP_NUM_THREADS": threads},
+            env=scorer_environment(self.config, os.environ),
         )  # fmt: skip
         assert self.process.stdout is not None
         try:
@@ -180,3 +190,17 @@ class ScorerProcess:
         process, self.process = self.process, None
         if process is not None:
             await kill_session(process, self.what, KILL_GRACE)
+
+
+def scorer_environment(
+    config: RewardModelTermConfig | PluginTermConfig, environ: Mapping[str, str]
+) -> dict[str, str]:
+    """The scorer process's environment: the orchestrator's (`environ`) less its secrets, its
+    threads, and for a reward model on `cuda` the GPUs set aside for it (`$ASYNCRL_SCORER_DEVICES`,
+    given by `asyncrl rl`; unset, as the orchestrator was started: its own CUDA_VISIBLE_DEVICES)."""
+    env = user_code_environment(environ)
+    env["OMP_NUM_THREADS"] = str(getattr(config, "threads", 1))
+    devices = env.pop(SCORER_DEVICES_ENV, None)
+    if devices is not None and isinstance(config, RewardModelTermConfig) and config.on_cuda():
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    return env

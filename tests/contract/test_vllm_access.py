@@ -1,0 +1,76 @@
+"""Issue 60 (5) on a real vLLM: with a key, every route but /health, /version and /metrics needs
+it (vLLM's own key guards `/v1` only; asyncrl's guard, handed to vLLM as `--middleware`, covers
+the development routes too), and the worker extension reloads only from under `weight_roots`:
+a path elsewhere is refused and the served weights stay as they were. The unit tests
+(`tests/unit/inference/test_server_access.py`) check every piece without vLLM; this checks that
+vLLM takes them as meant."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.contract.conftest import running, tiny_model
+
+pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
+
+KEY = "contract-access-key"
+WITH_KEY = {"Authorization": f"Bearer {KEY}"}
+
+
+def first_logprobs(url: str, model: str) -> list[float]:
+    response = httpx.post(
+        f"{url}/v1/completions", headers=WITH_KEY, timeout=120,
+        json={"model": model, "prompt": "the cat", "max_tokens": 4, "temperature": 0.0,
+              "logprobs": 0, "ignore_eos": True},
+    )  # fmt: skip
+    assert response.status_code == 200, response.text
+    logprobs: list[float] = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+    return logprobs
+
+
+def test_a_keyed_vllm_guards_every_route_and_reloads_only_from_its_roots(
+    contract_root: Path,
+) -> None:
+    root = contract_root / "access"
+    base = tiny_model(root / "weights" / "base")
+    outside = tiny_model(root / "elsewhere", seed=5)  # the same shape, other weights
+    log = contract_root / "vllm-access.log"
+    with running("vllm", base, root / "weights", log, env={"VLLM_API_KEY": KEY}) as engine:
+        url = engine.url
+        unauthenticated: list[tuple[str, str, Any]] = [
+            ("GET", "/v1/models", None),
+            ("POST", "/collective_rpc", {"method": "asyncrl_extension"}),
+            ("GET", "/is_paused", None),
+            ("POST", "/pause", None),
+            ("POST", "/sleep", None),
+            ("POST", "/reset_prefix_cache", None),
+            ("POST", "/invocations", {"prompt": "x"}),
+        ]
+        for method, path, body in unauthenticated:
+            answer = httpx.request(method, f"{url}{path}", json=body, timeout=30)
+            assert answer.status_code == 401, (path, answer.status_code, answer.text[:200])
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200
+
+        rpc = f"{url}/collective_rpc"
+        probe = httpx.post(rpc, json={"method": "asyncrl_extension"}, headers=WITH_KEY, timeout=60)
+        assert probe.status_code == 200, probe.text
+
+        before = first_logprobs(url, engine.model)
+        refused = httpx.post(
+            rpc, headers=WITH_KEY, timeout=120,
+            json={"method": "asyncrl_reload_weights", "kwargs": {"weights_path": str(outside)}},
+        )  # fmt: skip
+        assert refused.status_code != 200
+        assert "outside the allowed weight roots" in (refused.text + log.read_text())
+        assert first_logprobs(url, engine.model) == before  # still serving, the same weights
+
+        inside = tiny_model(root / "weights" / "step_1", seed=5)
+        loaded = httpx.post(
+            rpc, headers=WITH_KEY, timeout=120,
+            json={"method": "asyncrl_reload_weights", "kwargs": {"weights_path": str(inside)}},
+        )  # fmt: skip
+        assert loaded.status_code == 200, loaded.text
+        assert first_logprobs(url, engine.model) != before
