@@ -94,9 +94,9 @@ def test_gemma3_trains_on_policy_with_no_mismatch_past_the_window(
     gemma3_dir: Path, tmp_path: Path
 ) -> None:
     """`asyncrl rl` at learning rate 0, one step: the server's logprobs are the trainer's, the
-    long prompt's included (shared-prefix rows, the 262k head in chunks, LoRA on every default
-    target, which are Gemma 3's module names; LoRA also spares writing and reloading 1 GB of
-    full weights after the step: 30 s of this test)."""
+    long prompt's included (shared-prefix rows, the 262k head in chunks or whole, LoRA on every
+    default target, which are Gemma 3's module names; LoRA also spares writing and reloading
+    1 GB of full weights after the step: 30 s of this test)."""
     tokenizer = AutoTokenizer.from_pretrained(gemma3_dir)
     data = tmp_path / "questions.jsonl"
     answers = ["7", "47", "17"]
@@ -133,3 +133,11 @@ def test_gemma3_trains_on_policy_with_no_mismatch_past_the_window(
         ])  # fmt: skip
     print(f"asyncrl rl: {gap.numel()} tokens, max |Δ logprob| {float(gap.max()):.2e}, KL {kl}")
     assert float(gap.max()) <= TOLERANCE
+    # the 262k head in chunks of 7 tokens gives the logprobs of all at once, to float32 rounding
+    # (the head's matmul at another shape: measured 1.1e-5); a chunk off by a token would be ~1
+    with torch.no_grad():
+        for mb in micro_batches:
+            whole = completion_logprobs(model, mb.packed, mb.temperature, chunk_size=None)
+            chunked = completion_logprobs(model, mb.packed, mb.temperature, chunk_size=7)
+            torch.testing.assert_close(chunked.logprobs, whole.logprobs, atol=TOLERANCE, rtol=0)
+            torch.testing.assert_close(chunked.entropy, whole.entropy, atol=TOLERANCE, rtol=0)
