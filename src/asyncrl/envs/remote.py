@@ -70,6 +70,8 @@ class RemoteEnvironment:
         (`orchestrator/example_checks.py`) and names it when a server refuses it."""
         where = f"env-server {self.address} example {index}"
         try:
+            if isinstance(fields, dict) and "stop" in fields:  # JSON has no tuples
+                fields = {**fields, "stop": tuple(fields["stop"] or ())}
             example = Example(**fields)
         except TypeError as error:
             raise ConfigError(f"{where}: not an example ({error})") from None

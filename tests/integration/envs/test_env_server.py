@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -58,7 +59,9 @@ def test_the_remote_environment_is_the_local_one(env_server: str, monkeypatch) -
     assert isinstance(remote, RemoteEnvironment) and is_multi_turn(remote)
     assert remote.name == local.name and remote.max_turns == 3
     assert [(t.name, t.weight) for t in remote.rubric] == [(t.name, t.weight) for t in local.rubric]
-    assert remote.examples("eval", 5) == local.examples("eval", 5)
+    served = remote.examples("eval", 5)  # named by the server and place, for error messages
+    assert [e.source for e in served] == [f"env-server {env_server} example {i}" for i in range(5)]
+    assert [replace(e, source=None) for e in served] == local.examples("eval", 5)
     example = local.examples("train", 1)[0]
     wrong = str(int(example.answer) + 1) if example.answer != str(example.info["high"]) else "1"
     episode = [*example.prompt, {"role": "assistant", "content": wrong}]
