@@ -99,10 +99,10 @@ class TokenIdEnv:
     """Pre-tokenized examples (a JSONL of `input_token_ids`): no messages, only token ids."""
 
     name = "ids"
-    rubric: list = []
 
     def __init__(self, prompts: list[list[int]]) -> None:
         self.prompts = prompts
+        self.rubric: list = []
 
     def examples(self, split: str, count: int) -> list[Example]:
         return [Example(i, [], "", self.name, prompt_token_ids=ids)
