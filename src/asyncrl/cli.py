@@ -207,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
         render_help(name, command.config, command.summary)
         return 0
     print_config = PRINT_CONFIG in rest
+    if name == "train" and not print_config:  # it runs a loss named by import path anyway:
+        from asyncrl.config.import_path import user_code_runs_here  # import it here, not in a
+
+        user_code_runs_here()  # checking process as the launcher and --print-config do
     try:
         config = load_command_config(command.config, rest)
     except ConfigError as error:

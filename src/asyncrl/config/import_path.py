@@ -94,6 +94,11 @@ if not callable(getattr(module, attribute)):
 """
 
 
+def user_code_is_here() -> bool:
+    """Whether this process runs the user's code anyway (see `user_code_runs_here`)."""
+    return _user_code_runs_here
+
+
 def user_code_runs_here() -> None:
     """This process runs the user's code anyway (a reward worker): `function_at` imports it
     at once, so a missing function fails the worker's start, and no checking process is made."""
@@ -106,10 +111,18 @@ def check_function_elsewhere(import_path: str, key: str) -> None:
     """ConfigError naming `key` and the attribute unless a fresh Python process, started as a
     reward worker is (same interpreter, working directory and PYTHONPATH; the run's secrets
     left out), imports `import_path`'s module and finds a callable there. Once per path."""
+    run_elsewhere(_CHECK, import_path, key)
+
+
+def run_elsewhere(script: str, import_path: str, key: str) -> str:
+    """Run `script` (given `import_path` as its argument) in a short-lived Python process as a
+    reward worker is started (same interpreter, working directory and PYTHONPATH; the run's
+    secrets left out), so that the user's module is imported there and never here; its last
+    line of output, or a ConfigError naming `key` with what it said when it exits non-zero."""
     environment = {k: v for k, v in os.environ.items() if not _SECRET_NAME.search(k)}
     try:
         checked = subprocess.run(
-            [sys.executable, "-c", _CHECK, import_path], env=environment, capture_output=True,
+            [sys.executable, "-c", script, import_path], env=environment, capture_output=True,
             text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
@@ -117,6 +130,7 @@ def check_function_elsewhere(import_path: str, key: str) -> None:
             f"`{key}: {import_path}`: importing its module took longer than "
             f"{CHECK_TIMEOUT_S:.0f} s (checked in a separate process at start-up)"
         ) from None
+    said = checked.stdout.strip().splitlines()[-1:] or [checked.stderr.strip()[-500:]]
     if checked.returncode != 0:
-        said = checked.stdout.strip().splitlines()[-1:] or [checked.stderr.strip()[-500:]]
         raise ConfigError(f"`{key}: {import_path}`: {said[0]}")
+    return said[0] if said else ""

@@ -12,9 +12,11 @@ takes the token mean and reads no key (docs/training.md, Writing a loss).
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Literal
 
+from asyncrl.config import import_path
 from asyncrl.config.base import ConfigError
 from asyncrl.config.import_path import load_object
 
@@ -78,7 +80,9 @@ BUILT_IN: dict[str, LossSpec] = {
 def loss_spec(name: str) -> LossSpec:
     """The loss `loss.type` names: a built-in, or by import path a `LossSpec`, a `Loss` (read
     through its `normalisation.name` and `reads`), or a plain objective. Anything else is a
-    ConfigError that says what would do."""
+    ConfigError that says what would do. A user's module is imported here only in a process
+    that runs user code anyway (the trainer, `user_code_runs_here`); elsewhere (the launcher,
+    `--print-config`, the orchestrator) a short-lived process imports it and describes it."""
     if name in BUILT_IN:
         return BUILT_IN[name]
     if ":" not in name and "." not in name:
@@ -86,15 +90,38 @@ def loss_spec(name: str) -> LossSpec:
             f"no loss `{name}`: one of {', '.join(repr(known) for known in BUILT_IN)}, or your "
             "own by import path, `package.module:name` (docs/training.md, Writing a loss)"
         )
-    found = load_object(name)
+    if not import_path.user_code_is_here():
+        described = json.loads(import_path.run_elsewhere(_DESCRIBE, name, "trainer.loss.type"))
+        return LossSpec(**described)
+    return LossSpec(**describe(load_object(name), name))
+
+
+def describe(found: object, name: str) -> dict[str, object]:
+    """A user's loss object as the fields of its `LossSpec` (see `loss_spec`)."""
     if isinstance(found, LossSpec):
-        return found
+        return {"name": found.name, "objective": found.objective,
+                "normalisation": found.normalisation, "reads": sorted(found.reads)}  # fmt: skip
     normalisation = getattr(getattr(found, "normalisation", None), "name", None)
     if normalisation is not None and hasattr(found, "reads"):  # the trainer's `Loss`
-        return LossSpec(str(getattr(found, "name", name)), name, normalisation, found.reads)
+        return {"name": str(getattr(found, "name", name)), "objective": name,
+                "normalisation": normalisation, "reads": sorted(found.reads)}  # fmt: skip
     if not callable(found):
         raise ConfigError(f"`{name}` is not callable: name a `LossSpec`, a `Loss` or an objective")
-    return LossSpec(name, name)
+    return {"name": name, "objective": name}
+
+
+_DESCRIBE = """
+import json, sys
+from asyncrl.config.base import ConfigError
+from asyncrl.config import import_path
+from asyncrl.config.import_path import load_object
+from asyncrl.config.losses import describe
+try:
+    print(json.dumps(describe(load_object(sys.argv[1]), sys.argv[1])))
+except ConfigError as error:
+    print(" ".join(str(error).split())[:2000])
+    sys.exit(3)
+"""
 
 
 def readers_of(key: str) -> list[str]:

@@ -6,6 +6,7 @@ loads, naming the key."""
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,27 @@ def test_every_loss_key_is_read_by_a_built_in() -> None:
     """So the refusal of a key always names a loss that would read it."""
     read = set().union(*(loss.keys_read for loss in BUILT_IN.values()))
     assert set(LossConfig.model_fields) - read == {"type"}
+
+
+def test_a_users_loss_is_not_run_where_the_config_is_only_validated(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher and `--print-config` validate `trainer.loss.type` without importing the
+    user's module: a short-lived process imports it and says what it declares."""
+    from asyncrl.config.rl import RLConfig
+
+    ran = tmp_path / "imported"
+    (tmp_path / "my_loss_module.py").write_text(
+        "from pathlib import Path\n"
+        f"Path({str(ran)!r}).open('a').write('imported\\n')\n"
+        f"from {MODULE} import SCALED_SPEC as LOSS\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    named = ["--model", "m", "--trainer.loss.type", "my_loss_module:LOSS"]
+    config = load_config(RLConfig, [], [*named, "--trainer.loss.adv_tau", "2"])
+    assert config.trainer.loss.adv_tau == 2  # the key it declares is accepted
+    assert "my_loss_module" not in sys.modules
+    assert ran.read_text() == "imported\n"  # once, in the checking process
+    with pytest.raises(ConfigError, match="epsilon"):  # a key it does not read is refused
+        load_config(RLConfig, [], [*named, "--trainer.loss.epsilon", "0.3"])
