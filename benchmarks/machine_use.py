@@ -10,7 +10,8 @@ One run of a config (the real-model quick start by default), and around it, on t
   step to its last), counted from the model's shapes and the tokens each processed, matmuls only:
   the trainer's from the batches it trained (shared prompts once, 2 passes over the frozen base
   under LoRA, 3 in full fine-tuning, the LM head on loss tokens), the engine's from its
-  `/metrics` counters (prefilled and generated tokens; the head once per generated token);
+  `/metrics` counters (prefilled and generated tokens; the head once per generated token; the
+  embedded engine's: vLLM's in-process engine does not count prefilled tokens);
 - **each role's time**: busy (its compute thread's CPU time, from /proc), waiting (the trainer for
   batches, the engine with nothing to run), and its rate while busy against its rate **alone**:
   after the run the trainer retrains the run's own batches pinned to its core with nothing beside

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import fnmatch
 import json
 import os
 import re
@@ -172,15 +173,37 @@ def refuse_unsafe_output(
             "there. Choose a new or empty directory, or remove this one yourself"
         )
     written = recorded.get(OUTPUT_FILES)
-    if written is None:  # an earlier version's output: its marker lists no files
-        return
-    extra = [name for name in entries if name not in written]
+    if written is None:  # an earlier version's output: its marker lists no files, so only
+        extra = [name for name in entries  # what it wrote, its marker included
+                 if name != marker and not _earlier_output_file(name)]  # fmt: skip
+    elif isinstance(written, list) and all(isinstance(name, str) for name in written):
+        extra = [name for name in entries if name not in set(written)]
+    else:
+        raise OutputRefused(
+            f"output_dir {path}: its {marker} lists `{OUTPUT_FILES}` as something other than "
+            "file names: writing it would remove what is there. Remove it yourself first"
+        )
     if extra:
         raise OutputRefused(
             f"output_dir {path} is an earlier output of asyncrl {command} but also holds "
             f"{_some(extra)}, which it did not write: writing it again would remove that. Move "
             "it out, or choose another output_dir"
         )
+
+
+# what `export` and `get-model` wrote before their markers listed their files: a model directory
+# (weights, config, tokenizer, chat template, generation config) or a LoRA adapter, the marker,
+# and get-model's notices beside a model under its own terms
+EARLIER_OUTPUT_FILES = (
+    "*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+    "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
+    "adapter_config.json", "asyncrl_export.json", "asyncrl-model.json",
+)  # fmt: skip
+
+
+def _earlier_output_file(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in EARLIER_OUTPUT_FILES)
 
 
 def _some(names: list[str], shown: int = 5) -> str:

@@ -150,3 +150,24 @@ def test_what_a_killed_output_write_left_is_removed_at_the_next_start(tmp_path: 
         (tmp_path / name / "half").write_text("x")
     output(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".m.lock", "m", *kept])
+
+
+def test_an_earlier_versions_output_is_replaced_only_if_it_holds_what_such_an_output_holds(
+    tmp_path: Path,
+) -> None:
+    """Before markers listed their files, a marker said only that the command wrote the
+    directory: what it could have written may be replaced, anything else is the user's."""
+    target = tmp_path / "m"
+    target.mkdir()
+    (target / "TOOL").write_text(json.dumps({"source": "x"}))  # no `output_files`
+    (target / "model.safetensors").write_text("old")
+    (target / "config.json").write_text("{}")
+    (target / "notes.txt").write_text("mine")
+    with pytest.raises(fs.OutputRefused, match=r"also holds notes\.txt, which it did not write"):
+        output(target)
+    (target / "notes.txt").unlink()
+    output(target, made=3)  # only what such an output holds: replaced
+    assert sorted(p.name for p in target.iterdir()) == ["TOOL", "weights"]
+    (target / "TOOL").write_text(json.dumps({fs.OUTPUT_FILES: "weights"}))  # not a list
+    with pytest.raises(fs.OutputRefused, match="as something other than file names"):
+        output(target)

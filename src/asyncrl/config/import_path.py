@@ -7,13 +7,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import os
 import re
 import subprocess
 import sys
 from collections.abc import Callable
 
 from asyncrl.config.base import ConfigError
+from asyncrl.run_secret import user_code_environment
 
 
 def load_object(import_path: str) -> object:
@@ -119,7 +119,10 @@ def run_elsewhere(script: str, import_path: str, key: str) -> str:
     reward worker is started (same interpreter, working directory and PYTHONPATH; the run's
     secrets left out), so that the user's module is imported there and never here; its last
     line of output, or a ConfigError naming `key` with what it said when it exits non-zero."""
-    environment = {k: v for k, v in os.environ.items() if not _SECRET_NAME.search(k)}
+    environment = {  # what a reward worker is given, less anything named like a secret too
+        name: value for name, value in user_code_environment().items()
+        if not _SECRET_NAME.search(name)
+    }  # fmt: skip
     try:
         checked = subprocess.run(
             [sys.executable, "-c", script, import_path], env=environment, capture_output=True,

@@ -91,8 +91,14 @@ def loss_spec(name: str) -> LossSpec:
             "own by import path, `package.module:name` (docs/training.md, Writing a loss)"
         )
     if not import_path.user_code_is_here():
-        described = json.loads(import_path.run_elsewhere(_DESCRIBE, name, "trainer.loss.type"))
-        return LossSpec(**described)
+        said = import_path.run_elsewhere(_DESCRIBE, name, "trainer.loss.type")
+        try:
+            return LossSpec(**json.loads(said))
+        except (ValueError, TypeError):  # the module printed something else, or exited early
+            raise ConfigError(
+                f"`trainer.loss.type: {name}`: the process that imported it to check it said "
+                f"{said[:300]!r}, not what the loss declares"
+            ) from None
     return LossSpec(**describe(load_object(name), name))
 
 

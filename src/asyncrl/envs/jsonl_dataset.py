@@ -64,7 +64,7 @@ class JsonlDataset:
     def _read(self, path: Path, needs_answer: bool) -> list[tuple[str, dict[str, Any]]]:
         """The file's records, each with its `path:line` (for `Example.source`). Token ids are
         checked for their shape here; against the tokenizer and `seq_len` by the orchestrator,
-        which knows them (`orchestrator/prompt_checks.py`)."""
+        which knows them (`orchestrator/example_checks.py`)."""
         records = []
         for number, record in read_jsonl(path):
             if self.input_key not in record and "input_token_ids" not in record:

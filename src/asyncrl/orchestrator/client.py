@@ -40,6 +40,16 @@ from asyncrl.waiting import Wait
 logger = get_logger(__name__)
 
 
+def unanswered(server: Server, error: Exception) -> None:
+    """A server that answers its weights' version with an error (a 5xx after the retries, a
+    4xx) is marked down, as one that does not answer: before this it was, and the run then
+    stopped on a poll that `revive` would have mended."""
+    if server.state == "up":
+        logger.warning("%s did not say which weights it holds (%s): it takes no work until it "
+                       "answers again", server.root, error)  # fmt: skip
+    server.state = "down"
+
+
 class ClientPool:
     def __init__(
         self,
@@ -266,6 +276,9 @@ class ClientPool:
                 version = await (await self.api(server)).version()
             except ServerDown:
                 return  # marked down; `revive` takes over
+            except (ServerError, RequestRejected) as error:  # it cannot say what it holds:
+                unanswered(server, error)  # no work until `revive` finds it fit again
+                return
             if version is None:
                 return
             if version < server.version:
@@ -284,10 +297,10 @@ class ClientPool:
     async def version_change(self, timeout: float) -> None:
         """Return once any server that takes work reports weights other than those the pool
         knows it holds (a trainer pushed them: colocated, NCCL), or after `timeout`."""
+        up = [server for server in self.servers if server.state == "up"]
         waits = [
             asyncio.ensure_future((await self.api(server)).version_change(server.version, timeout))
-            for server in self.servers
-            if server.state == "up"
+            for server in up
         ]
         if not waits:
             await asyncio.sleep(timeout)
@@ -298,7 +311,10 @@ class ClientPool:
         await asyncio.gather(*pending, return_exceptions=True)
         for wait in done:  # a server that went down is `refresh_versions`' and `revive`'s
             error = wait.exception()
-            if error is not None and not isinstance(error, InferenceUnavailable):
+            if isinstance(error, ServerError | RequestRejected):
+                server = next(s for s, w in zip(up, waits, strict=True) if w is wait)
+                unanswered(server, error)
+            elif error is not None and not isinstance(error, InferenceUnavailable):
                 raise error
 
     def oldest_version(self) -> int:

@@ -30,6 +30,7 @@ from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.episode import EpisodeSetting, run_episode_group
+from asyncrl.orchestrator.generation import RequestRejected
 from asyncrl.orchestrator.group import GroupRequest
 
 logger = get_logger(__name__)
@@ -109,9 +110,14 @@ class OnlineEval:
     async def evaluate(self, step: int) -> None:
         launch_version = self.clients.oldest_version()
         for target in self.targets:
-            results = await asyncio.gather(
+            answered = await asyncio.gather(
                 *(self._example(target, example, launch_version) for example in target.examples)
             )
+            results = [samples for samples in answered if samples is not None]
+            if not results:
+                logger.warning("orchestrator: every eval example of %s was refused by the "
+                               "servers at step %d: no eval record", target.name, step)  # fmt: skip
+                continue
             summary = summarize(target.name, results, self.config.pass_threshold, launch_version)
             self.metrics.log(step, summary)
             low, high = (
@@ -127,9 +133,10 @@ class OnlineEval:
 
     async def _example(
         self, target: EvalTarget, example: Example, launch_version: int
-    ) -> list[tuple[float, list[int]]]:
+    ) -> list[tuple[float, list[int]]] | None:
         """(reward, versions of the model's tokens) of each of the k samples of one example,
-        played as in training (`episode.py`) with the eval's sampling."""
+        played as in training (`episode.py`) with the eval's sampling; None when a server
+        refused the example (a 4xx about its content): it is left out of the record, logged."""
         sampling = self.config.sampling
         seed = None if sampling.seed is None else sampling.seed + example.example_id
         async with self.limit:
@@ -139,7 +146,15 @@ class OnlineEval:
                 Drawn(0, example), target.name, self.model_name(), sampling.temperature, seed,
                 launch_version,
             )  # fmt: skip
-            group = await run_episode_group(request, target.episodes, vocab_size=0)
+            try:
+                group = await run_episode_group(request, target.episodes, vocab_size=0)
+            except RequestRejected as error:
+                if not error.of_example:
+                    raise
+                where = example.source or example.example_id
+                logger.warning("orchestrator: eval example %s of %s left out: %s", where,
+                               target.name, error)  # fmt: skip
+                return None
         return [
             (reward, [v for v, m in zip(s.policy_versions, s.completion_mask, strict=True) if m])
             for reward, s in zip(group.rewards, group.samples, strict=True)

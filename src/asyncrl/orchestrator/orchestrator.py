@@ -101,10 +101,15 @@ class Orchestrator:
         ]
         self.eval_targets = self.eval_targets_of(config.eval) if config.eval else []
         check_prompt_ids(  # what the servers would refuse when drawn, refused now by source
-            [*zip(self.env_names, self.buffer.examples, strict=True),
-             *((target.name, target.examples) for target in self.eval_targets)],
+            zip(self.env_names, self.buffer.examples, strict=True),
             self.vocab_size, config.seq_len, config.sampling.max_tokens,
         )  # fmt: skip
+        if config.eval is not None:  # held-out examples, with the eval's own max_tokens
+            check_prompt_ids(
+                [(target.name, target.examples) for target in self.eval_targets],
+                self.vocab_size, config.seq_len,
+                config.eval.sampling.max_tokens or config.sampling.max_tokens,
+            )  # fmt: skip
         self.rejections = Rejections(give_up_after=self.gave_up_on_aborts)
         self.metrics = MetricsWriter(metrics_file(self.run_dir), role="orchestrator")
         self.evaluator: OnlineEval | None = None  # made in `run`, once the resume step is known

@@ -12,7 +12,7 @@ from asyncrl.envs import Environment
 from asyncrl.envs.remote import RemoteEnvironment
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.transport.vllm_worker_extension import EXTENSION
+from asyncrl.transport.vllm_worker_extension import EXTENSION, WEIGHT_ROOTS_ENV
 
 if TYPE_CHECKING:
     from asyncrl.orchestrator.engine_api import EngineAPI
@@ -50,6 +50,11 @@ async def check_engine_limits(clients: ClientPool, model_name: str) -> None:
         answer = await clients.ask_once(server, "POST", f"{server.root}/collective_rpc", body)
         if answer.status_code == 200:
             continue
+        if WEIGHT_ROOTS_ENV in answer.text:  # the extension runs, without where to reload from
+            raise ConfigError(
+                f"the vLLM server at {server.root} runs asyncrl's worker extension but cannot "
+                f"reload weights: {' '.join(answer.text.split())[:600]}"
+            )
         if tied is None:
             config = AutoConfig.from_pretrained(model_name)
             tied = bool(getattr(config, "tie_word_embeddings", False))

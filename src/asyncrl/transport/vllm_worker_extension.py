@@ -34,18 +34,29 @@ EXTENSION = "asyncrl.transport.vllm_worker_extension.AsyncrlWorkerExtension"
 WEIGHT_ROOTS_ENV = "ASYNCRL_WEIGHT_ROOTS"  # a JSON list of absolute directories
 
 
-def allowed_weights_dir(weights_path: str, environ: Mapping[str, str] | None = None) -> str:
-    """`weights_path` resolved, once it and every file in it lie under `$ASYNCRL_WEIGHT_ROOTS`;
-    otherwise `WeightLoadError`, naming why."""
+def weight_roots(environ: Mapping[str, str] | None = None) -> list[str]:
+    """The directories `$ASYNCRL_WEIGHT_ROOTS` names, or `WeightLoadError` saying what to set."""
     raw = (os.environ if environ is None else environ).get(WEIGHT_ROOTS_ENV)
     if raw is None:
         raise WeightLoadError(
-            f"${WEIGHT_ROOTS_ENV} is unset: this vLLM server was not started by `asyncrl "
-            "infer`, which names the directories weights may be read from; nothing is reloaded"
+            f"${WEIGHT_ROOTS_ENV} is unset: `asyncrl infer` sets it to the directories weights "
+            "may be read from; a vLLM server started by hand needs it in its environment, a "
+            "JSON list such as '[\"/abs/path/outputs\"]' (the run's output_dir); nothing is "
+            "reloaded without it"
         )
-    roots = json.loads(raw)
+    try:
+        roots = json.loads(raw)
+    except ValueError:
+        roots = None
     if not isinstance(roots, list) or not all(isinstance(root, str) for root in roots):
         raise WeightLoadError(f"${WEIGHT_ROOTS_ENV} is not a JSON list of directories: {raw!r}")
+    return roots
+
+
+def allowed_weights_dir(weights_path: str, environ: Mapping[str, str] | None = None) -> str:
+    """`weights_path` resolved, once it and every file in it lie under `$ASYNCRL_WEIGHT_ROOTS`;
+    otherwise `WeightLoadError`, naming why."""
+    roots = weight_roots(environ)
     directory = resolve_under_roots(weights_path, roots)
     if not directory.is_dir():
         raise WeightLoadError(f"{weights_path}: not a directory")
@@ -73,7 +84,10 @@ class AsyncrlWorkerExtension:
     model_runner: Any
 
     def asyncrl_extension(self) -> str:
-        """A no-op the orchestrator calls to learn that the server runs this extension."""
+        """What the orchestrator calls at start-up to learn that the server runs this extension,
+        and can reload: a server started by hand without `$ASYNCRL_WEIGHT_ROOTS` would refuse
+        every reload, so it is refused now, with what to set, not at the first weight sync."""
+        weight_roots()
         return EXTENSION
 
     def asyncrl_reload_weights(self, weights_path: str) -> bool:

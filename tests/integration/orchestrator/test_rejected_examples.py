@@ -37,6 +37,7 @@ def test_an_example_the_server_refuses_is_skipped_and_counted_and_the_run_goes_o
             batch_size=2, rollouts_per_example=2, max_steps=2, max_async_level=2,
             output_dir=str(run), client={"base_url": [f"{url}/v1"]},
             sampling={"max_tokens": 8}, ckpt={"wait_for_weights_timeout": 1},
+            eval={"interval": 1, "num_examples": 2, "rollouts_per_example": 1},
         )  # fmt: skip
         with pytest.raises(TimeoutError) as raised:  # the buffer cycles: line 2 is drawn
             asyncio.run(asyncio.wait_for(Orchestrator(config).run(), timeout=240))
@@ -49,3 +50,8 @@ def test_an_example_the_server_refuses_is_skipped_and_counted_and_the_run_goes_o
     skipped = [r.getMessage() for r in caplog.records if "is skipped" in r.getMessage()]
     assert len(skipped) == 1 and f"{data}:2 is skipped" in skipped[0]
     assert "prompt has 100 tokens; max_model_len is 64" in skipped[0]
+    # the held-out split holds the same refused line: the eval leaves it out, and still records
+    evals = [r for r in records if "eval/jsonl/num_examples" in r]
+    assert evals and all(r["eval/jsonl/num_examples"] == 1 for r in evals)
+    left_out = [r.getMessage() for r in caplog.records if "left out" in r.getMessage()]
+    assert left_out and f"{data}:2" in left_out[0]

@@ -89,12 +89,23 @@ def test_vllm_is_refused_before_it_starts() -> None:
         serve_external(config)
 
 
-@pytest.mark.parametrize("flag", ["--host", "--host=0.0.0.0", "--api-key"])
-def test_extra_args_cannot_rebind_the_engine_or_put_a_key_on_its_command_line(flag: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "refused"),
+    [
+        ("--host", "--host"),
+        ("--host=0.0.0.0", "--host"),
+        ("--api-key", "--api-key"),
+        ("--api_key", "--api-key"),
+        ("--api_key=secret", "--api-key"),
+    ],
+)
+def test_extra_args_cannot_rebind_the_engine_or_put_a_key_on_its_command_line(
+    flag: str, refused: str
+) -> None:
     config = InferenceConfig(
         model="m", backend="vllm", executable=sys.executable, extra_args=[flag, "x"]
     )
-    with pytest.raises(ConfigError, match=f"{flag.split('=')[0]} is refused"):
+    with pytest.raises(ConfigError, match=f"{refused} is refused"):
         serve_external(config)
 
 
@@ -213,7 +224,7 @@ def test_the_worker_extension_reloads_only_from_under_the_weight_roots(tmp_path:
     for path in refused:
         with pytest.raises(WeightLoadError):
             allowed_weights_dir(path, environ)
-    with pytest.raises(WeightLoadError, match="not started by `asyncrl infer`"):
+    with pytest.raises(WeightLoadError, match=r"is unset: .* a vLLM server started by hand needs"):
         allowed_weights_dir(str(inside), {})
 
 
@@ -247,3 +258,18 @@ def test_a_refused_reload_leaves_vllms_weights_untouched(
     assert worker.reloaded == []
     assert worker.asyncrl_reload_weights(str(inside)) is False
     assert worker.reloaded == [str(inside.resolve())]
+
+
+def test_an_extension_that_could_not_reload_says_so_at_start_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The orchestrator's start-up probe (`asyncrl_extension`) fails on a server started by hand
+    without `$ASYNCRL_WEIGHT_ROOTS`, saying what to set: not at the first weight sync."""
+    monkeypatch.delenv(WEIGHT_ROOTS_ENV, raising=False)
+    with pytest.raises(WeightLoadError, match=r"\$ASYNCRL_WEIGHT_ROOTS is unset"):
+        FakeWorker().asyncrl_extension()
+    monkeypatch.setenv(WEIGHT_ROOTS_ENV, "not json")
+    with pytest.raises(WeightLoadError, match="not a JSON list of directories"):
+        FakeWorker().asyncrl_extension()
+    monkeypatch.setenv(WEIGHT_ROOTS_ENV, json.dumps(["/abs/outputs"]))
+    assert FakeWorker().asyncrl_extension().endswith("AsyncrlWorkerExtension")

