@@ -24,7 +24,7 @@ from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.prefill_plan import prefill_groups, share_prompts
 from asyncrl.inference.prefix_cache import PrefixCache
 from asyncrl.inference.sampling import SampleResult, SequenceView, sample
-from asyncrl.inference.sequences import Request, Sequence, completion_output
+from asyncrl.inference.sequences import Request, Sequence, completion_output, sampling_views
 from asyncrl.log import get_logger
 from asyncrl.models.attention_layers import check_attention_layers, layer_masks
 
@@ -285,24 +285,7 @@ class Engine(EngineThread):
                     self.cache.copy_prefix(slots[row], sequence.slot, shared)  # type: ignore[arg-type]
             step_logits = step_logits[torch.tensor(source, device=self.device)]
         self.stats.prefill_tokens += sum(lengths) if prefill else 0
-        views = (
-            [
-                SequenceView(
-                    params=s.request.params,
-                    token_history=torch.tensor(
-                        s.request.prompt_ids + s.output_ids, device=self.device
-                    ),
-                    num_generated=len(s.output_ids),
-                    generator=s.generator,
-                )
-                for s in sequences
-            ]
-            if any(s.request.params.repetition_penalty != 1.0 for s in sequences)
-            else [
-                SequenceView(s.request.params, self._no_history, len(s.output_ids), s.generator)
-                for s in sequences
-            ]
-        )
+        views = sampling_views(sequences, self._no_history)
         result = self._sample(step_logits, views)
         tokens = result.tokens.tolist()
         chosen = result.logprobs.tolist()

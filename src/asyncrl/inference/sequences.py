@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asyncrl.inference.sampling import SamplingParams
+from asyncrl.inference.sampling import SamplingParams, SequenceView
 
 
 @dataclass
@@ -76,3 +76,21 @@ def completion_output(sequence: Sequence) -> CompletionOutput:
         stop_reason=sequence.stop_reason,
         policy_versions=list(sequence.versions),
     )
+
+
+def sampling_views(sequences: list[Sequence], no_history: torch.Tensor) -> list[SequenceView]:
+    """What sampling needs of each sequence: its prompt and output ids only where a repetition
+    penalty reads them (built per step, they would cost a tensor per row for nothing), else the
+    empty `no_history` (on the engine's device)."""
+    if all(s.request.params.repetition_penalty == 1.0 for s in sequences):
+        return [SequenceView(s.request.params, no_history, len(s.output_ids), s.generator)
+                for s in sequences]  # fmt: skip
+    return [
+        SequenceView(
+            s.request.params,
+            torch.tensor(s.request.prompt_ids + s.output_ids, device=no_history.device),
+            len(s.output_ids),
+            s.generator,
+        )
+        for s in sequences
+    ]
