@@ -74,3 +74,18 @@ def trl_decomposition(steps: list[dict[str, float]]) -> dict[str, float]:
     parts["rest"] = parts["step"] - sum(parts[p] for p in PARTS if p != "rest") - parts["snapshot"]
     parts["generation_overlapped"] = 0.0
     return parts
+
+
+def generated_by_step(metrics: Path, batch: int, group: int) -> dict[int, int]:
+    """Completions the server made up to each step: the batch's, and those of every group
+    dropped on the way (no signal, too stale, aborted) — what learning per sample is counted
+    against when a contestant filters groups."""
+    total, counts = 0, {}
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        if record.get("role") != "orchestrator" or "step" not in record:
+            continue
+        dropped = sum(v for k, v in record.items() if k.startswith("orchestrator/dropped/"))
+        total += batch + int(dropped) * group
+        counts[record["step"]] = total
+    return counts

@@ -22,14 +22,17 @@ from race_stats import (
 )
 
 SECONDS_GRID = 30.0
-COMPLETIONS_GRID = 1000
+COMPLETIONS_GRID_STEPS = 4  # the per-sample curves are read every 4 steps' worth of completions
 
 
 def curve(run: dict[str, Any], start: float, x: str, batch: int) -> list[tuple[float, float]]:
-    """(seconds or completions trained, sampled reward), starting from the SFT model."""
+    """(seconds, completions trained or completions generated, sampled reward), starting from
+    the SFT model. Generated counts the groups a contestant dropped too (TRL drops none)."""
     points = [(0.0, start)]
     for point in run["points"]:
-        where = point["seconds"] if x == "seconds" else point["step"] * batch
+        trained = point["step"] * batch
+        where = {"seconds": point["seconds"], "completions": trained,
+                 "generated": point.get("generated") or trained}[x]  # fmt: skip
         points.append((float(where), point["sampled"]))
     return points
 
@@ -56,14 +59,17 @@ def summarise(
     for system, mine in runs.items():
         seconds_curves = [curve(r, start["sampled"], "seconds", batch) for r in mine]
         completion_curves = [curve(r, start["sampled"], "completions", batch) for r in mine]
+        generated_curves = [curve(r, start["sampled"], "generated", batch) for r in mine]
         crossings = [first_crossing(c, target) for c in seconds_curves]
         reached = [c for c in crossings if c is not None]
         to_target[system] = reached
         longest = min(c[-1][0] for c in seconds_curves)
         most = min(c[-1][0] for c in completion_curves)
+        fewest = min(c[-1][0] for c in generated_curves)
         bands[system] = {
             "seconds": band(seconds_curves, grid(longest, SECONDS_GRID)),
-            "completions": band(completion_curves, grid(most, COMPLETIONS_GRID)),
+            "completions": band(completion_curves, grid(most, COMPLETIONS_GRID_STEPS * batch)),
+            "generated": band(generated_curves, grid(fewest, COMPLETIONS_GRID_STEPS * batch)),
         }
         summary: dict[str, Any] = {
             "seeds": len(mine),
@@ -88,12 +94,18 @@ def summarise(
             for system, reached in to_target.items()
             if system != "trl" and reached
         }
-    pairs = [("asyncrl-onpolicy", "trl"), ("asyncrl", "trl"), ("asyncrl", "asyncrl-onpolicy")]
-    report["curves_overlap_per_completion"] = {
-        f"{a} vs {b}": overlap_share(bands[a]["completions"], bands[b]["completions"])
-        for a, b in pairs
-        if a in bands and b in bands
-    }
+    pairs = [(a, "trl") for a in bands if a != "trl"] + [("asyncrl", "asyncrl-onpolicy")]
+    for per in ("completions", "generated"):
+        report[f"curves_overlap_per_{per}"] = {
+            f"{a} vs {b}": overlap_share(bands[a][per], bands[b][per])
+            for a, b in pairs
+            if a in bands and b in bands
+        }
+    report["sampled_at_completions"] = {  # learning per sample, read off the mean curves
+        system: {per: [(row["x"], round(row["mean"], 3)) for row in curves[per]]
+                 for per in ("completions", "generated")}
+        for system, curves in bands.items()
+    }  # fmt: skip
     if "asyncrl" in report["systems"] and "asyncrl-onpolicy" in report["systems"]:
         rates = report["systems"]
         report["steps_per_s_async_over_onpolicy"] = round(

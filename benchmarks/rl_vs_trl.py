@@ -48,15 +48,20 @@ from asyncrl.launch.inference_process import free_port
 from asyncrl.launch.local import thread_budget
 from asyncrl.precision import resolve_recipe
 from machine import cpu_name
-from race_decomposition import asyncrl_decomposition, trl_decomposition
+from race_decomposition import asyncrl_decomposition, generated_by_step, trl_decomposition
 from race_eval import snapshot_scorer
 from race_report import summarise
 
 REPO = Path(__file__).resolve().parents[1]
+# a workload: config files merged in order (a later one's keys win): the real-model quick start
+# and the same settings on tasks nobody tuned on (benchmarks/workloads/), chosen before racing
+SMOLLM2 = "examples/smollm2_chain_sum/rl.yaml"
 WORKLOADS = {
-    "quickstart": "examples/reverse_text/rl.yaml",
-    "long": "examples/reverse_text_long/rl.yaml",
-    "smollm2": "examples/smollm2_chain_sum/rl.yaml",
+    "quickstart": ["examples/reverse_text/rl.yaml"],
+    "long": ["examples/reverse_text_long/rl.yaml"],
+    "smollm2": [SMOLLM2],
+    "smollm2-chain-sum-wide": [SMOLLM2, "benchmarks/workloads/chain_sum_wide.yaml"],
+    "smollm2-products": [SMOLLM2, "benchmarks/workloads/products.yaml"],
 }
 SYSTEMS = ("asyncrl", "asyncrl-onpolicy", "trl")
 ONPOLICY = ["--deployment", "colocated", "--max_async_level", "0"]
@@ -85,38 +90,49 @@ def stop_at_budget(process: subprocess.Popen[bytes], launched: float, budget: fl
         process.wait()
 
 
+def variant(text: str) -> tuple[str, list[str]]:
+    """`--variant NAME:KEY=VALUE,KEY=VALUE` -> ("asyncrl-NAME", its command-line overrides)."""
+    name, _, settings = text.partition(":")
+    if not name or not settings:
+        raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME:KEY=VALUE[,KEY=VALUE]")
+    overrides = []
+    for item in settings.split(","):
+        key, _, value = item.partition("=")
+        overrides += [f"--{key}", value]
+    return f"asyncrl-{name}", overrides
+
+
 def run_asyncrl(
     system: str,
     seed: int,
-    config: Path,
+    configs: list[Path],
     overrides: list[str],
     out: Path,
     budget: float,
     every: int,
     max_steps: int,
 ) -> Run:
-    command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), *overrides,
+    command = [sys.executable, "-m", "asyncrl.cli", "rl", *map(str, configs), *overrides,
                "--output_dir", str(out), "--max_steps", str(max_steps),
                "--orchestrator.eval", "null",
                "--trainer.weights_interval", str(every), "--trainer.seed", str(seed),
                "--orchestrator.seed", str(seed), "--inference.port", str(free_port())]  # fmt: skip
-    if system == "asyncrl-onpolicy":
-        command += ONPOLICY
     launched_wall, launched = time.time(), time.monotonic()
     with open(out.parent / f"{out.name}.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         stop_at_budget(process, launched, budget)
     run_dir = out / "run_default"
+    resolved: RLConfig = load_config(RLConfig, list(map(str, configs)), overrides)
+    generated = generated_by_step(run_dir / "metrics.jsonl", resolved.orchestrator.batch_size,
+                                  resolved.orchestrator.rollouts_per_example)  # fmt: skip
     snapshots = []
     for marker in sorted((run_dir / "broadcasts").glob("step_*/STABLE")):
         step = int(marker.parent.name.removeprefix("step_"))
         seconds = json.loads(marker.read_text())["time"] - launched_wall
         if step % every == 0 and seconds <= budget:
-            snapshots.append({"step": step, "seconds": seconds, "path": str(marker.parent)})
+            snapshots.append({"step": step, "seconds": seconds, "path": str(marker.parent),
+                              "generated": generated.get(step)})  # fmt: skip
     decomposition, steps = asyncrl_decomposition(run_dir / "metrics.jsonl", budget, launched_wall)
-    resolved: RLConfig = load_config(
-        RLConfig, [str(config)], overrides + (ONPOLICY if system == "asyncrl-onpolicy" else [])
-    )
     threads = {role: env.get("OMP_NUM_THREADS", "all") for role, env in
                thread_budget(resolved.deployment == "colocated").items() if env}  # fmt: skip
     return Run(system, seed, sorted(snapshots, key=lambda s: s["step"]), steps,
@@ -217,6 +233,24 @@ def write_report(
     return report
 
 
+def report_again(args: argparse.Namespace, settings: RLConfig, stored: dict[str, Any]) -> None:
+    """`--report-only`: the stored runs summarised by today's report code, under the stored
+    settings; asyncrl points without a count of completions generated get it from their run."""
+    orchestrator = settings.orchestrator
+    for run in stored["runs"]:
+        metrics = args.out / f"{run['system']}-seed{run['seed']}" / "run_default" / "metrics.jsonl"
+        if run["system"] == "trl" or not metrics.exists():
+            continue
+        counts = generated_by_step(metrics, orchestrator.batch_size,
+                                   orchestrator.rollouts_per_example)  # fmt: skip
+        for point in run["points"]:
+            point.setdefault("generated", counts.get(point["step"]))
+    settings_key = {k: v for k, v in stored["report"]["settings"].items()
+                    if k not in ("completions_per_step", "seeds", "merged")}  # fmt: skip
+    report = write_report(args, settings, settings_key, stored["report"]["start"], stored["runs"])
+    print(json.dumps(report))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="quickstart")
@@ -248,31 +282,51 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=1024, help="held-out prompts scored")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--variant", type=variant, action="append", default=[],
+        metavar="NAME:KEY=VALUE[,KEY=VALUE]",
+        help="another asyncrl contestant, `asyncrl-NAME`: the workload with these overrides "
+        "(snapshots every asyncrl's --every steps); repeatable",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=Path("outputs/race"))
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE",
         help="overrides of the workload's config (`orchestrator.batch_size=64`), for every "
         "system: TRL takes its settings from the same config",
     )  # fmt: skip
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="run nothing: summarise `--out`/race.json again (after a change to the report), "
+        "counting each asyncrl snapshot's completions generated from its kept run directory",
+    )  # fmt: skip
     args = parser.parse_args()
-    config = REPO / WORKLOADS[args.workload]
+    configs = [REPO / path for path in WORKLOADS[args.workload]]
     overrides = ["--model", str(args.sft)]
     for item in args.set:
         key, _, value = item.partition("=")
         overrides += [f"--{key}", value]
-    settings: RLConfig = load_config(RLConfig, [str(config)], overrides)
+    settings: RLConfig = load_config(RLConfig, list(map(str, configs)), overrides)
     env = load_environment(settings.orchestrator.env[0].id, settings.orchestrator.env[0].args)
     max_tokens = int(settings.orchestrator.sampling.max_tokens or 64)
     every = dict(zip(SYSTEMS, args.every, strict=True))
-    if "trl" in args.systems:
+    contestants = {"asyncrl": [], "asyncrl-onpolicy": ONPOLICY, "trl": []}
+    contestants.update(args.variant)
+    systems = args.systems + [name for name, _ in args.variant]
+    every.update({name: every["asyncrl"] for name, _ in args.variant})
+    if "trl" in systems:
         trl_loss_arguments(settings.trainer.loss)  # before any run: TRL must race the same loss
     args.out.mkdir(parents=True, exist_ok=True)
     settings_key = {"budget_s": args.budget, "every": every, "prompts": args.prompts,
-                    "config": WORKLOADS[args.workload], "set": args.set}  # fmt: skip
+                    "config": WORKLOADS[args.workload], "set": args.set,
+                    "variants": {name: extra for name, extra in args.variant}}  # fmt: skip
+    if args.report_only:
+        stored = json.loads((args.out / "race.json").read_text())
+        report_again(args, settings, stored)
+        return
     results, earlier_start = earlier_runs(args.merge, settings_key)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     for run in results:
-        if run["system"] in args.systems and run["seed"] in seeds:
+        if run["system"] in systems and run["seed"] in seeds:
             raise SystemExit(f"{run['system']} seed {run['seed']} is already in {args.merge}")
     with snapshot_scorer(args.sft, args.out, env, args.prompts, max_tokens, args.out / "scorer.log",
                          settings.orchestrator.sampling.temperature) as scorer:  # fmt: skip
@@ -284,14 +338,15 @@ def main() -> None:
             raise SystemExit(f"{args.merge} scored the SFT model {earlier_start}, now {start}: "
                              "not the same start, so not merged")  # fmt: skip
         for seed in seeds:
-            for system in args.systems:
+            for system in systems:
                 out = args.out / f"{system}-seed{seed}"
                 shutil.rmtree(out, ignore_errors=True)
                 if system == "trl":
                     run = run_trl(seed, settings, args.sft, out, args.budget, every[system],
                                   args.examples)  # fmt: skip
                 else:
-                    run = run_asyncrl(system, seed, config, overrides, out, args.budget,
+                    run = run_asyncrl(system, seed, configs, overrides + contestants[system],
+                                      out, args.budget,
                                       every[system], args.max_steps)  # fmt: skip
                 points = [{**s, **scorer.score(Path(s["path"]))} for s in run.snapshots]
                 results.append({

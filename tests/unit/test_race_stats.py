@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import statistics
+from pathlib import Path
 
 import pytest
 from benchmarks.race_stats import (
@@ -47,3 +49,28 @@ def test_bands_cover_only_the_common_range_and_overlap_is_counted() -> None:
 def test_spans_skip_the_warm_up_steps() -> None:
     steps = [{"train": 9.0}] * 5 + [{"train": 1.0, "generate": 2.0}, {"train": 3.0}]
     assert mean_spans(steps) == {"generate": 1.0, "train": 2.0}
+
+
+def test_completions_generated_count_the_groups_a_contestant_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from race_decomposition import generated_by_step  # the scripts import each other by name
+    from race_report import curve
+
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [
+        {"role": "orchestrator", "step": 1, "orchestrator/dropped/no_signal": 3},
+        {"role": "trainer", "step": 1, "orchestrator/dropped/no_signal": 99},  # not the server's
+        {"role": "orchestrator", "step": 2},
+        {"role": "orchestrator", "step": 3, "orchestrator/dropped/no_signal": 1,
+         "orchestrator/dropped/off_policy": 2},
+    ]  # fmt: skip
+    metrics.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    counts = generated_by_step(metrics, batch=32, group=8)
+    assert counts == {1: 32 + 24, 2: 56 + 32, 3: 88 + 32 + 24}
+    run = {"points": [{"step": 3, "seconds": 9.0, "sampled": 0.4, "generated": counts[3]}]}
+    assert curve(run, 0.1, "completions", 32) == [(0.0, 0.1), (96.0, 0.4)]
+    assert curve(run, 0.1, "generated", 32) == [(0.0, 0.1), (144.0, 0.4)]
+    trl = {"points": [{"step": 3, "seconds": 9.0, "sampled": 0.4}]}  # drops nothing
+    assert curve(trl, 0.1, "generated", 32) == [(0.0, 0.1), (96.0, 0.4)]

@@ -83,7 +83,8 @@ class ClientConfig(StrictModel):
 class BufferConfig(StrictModel):
     seed: int | None = Field(None, description="Random seed for deterministic sampling.")
     online_difficulty_filtering: bool = Field(
-        False, description="Skip groups whose rewards are all 0.0 or all 1.0."
+        False,
+        description="Skip groups whose rewards are all equal (zero advantage: nothing to learn).",
     )
     easy_threshold: float | None = Field(
         None, description="Reward above which a problem is `easy`."

@@ -3,8 +3,9 @@
 - Examples come from each environment's train split, deduplicated by `hash_keys`.
 - `env_ratios` weight the choice of environment; within one, examples cycle in a fresh random
   order each pass.
-- After a group is scored: with `online_difficulty_filtering`, a group whose rewards are all 0
-  or all 1 teaches nothing (zero advantage) and is skipped; a problem whose mean reward is at
+- After a group is scored: with `online_difficulty_filtering`, a group whose rewards are all
+  equal (all 0, all 1, or all the same partial credit) has zero advantage, teaches nothing and is
+  skipped; a problem whose mean reward is at
   least `easy_threshold` moves to the easy pool, at most `hard_threshold` to the hard pool, and
   is no longer sampled. On start, `easy_fraction` / `hard_fraction` of those pools are promoted
   back to normal.
@@ -99,7 +100,7 @@ class Buffer:
         elif self.config.hard_threshold is not None and mean <= self.config.hard_threshold:
             self.hard.add(key)
         if self.config.online_difficulty_filtering:
-            return not (all(r == 0.0 for r in rewards) or all(r == 1.0 for r in rewards))
+            return len(set(rewards)) > 1  # equal rewards: every advantage is 0
         return True
 
     def state(self) -> dict[str, Any]:

@@ -68,6 +68,8 @@ def test_online_difficulty_filtering_skips_groups_with_nothing_to_learn() -> Non
     drawn = buffer.draw()
     assert not buffer.record(drawn, [0.0, 0.0, 0.0])
     assert not buffer.record(drawn, [1.0, 1.0])
+    assert not buffer.record(drawn, [0.5, 0.5])  # equal partial credit: zero advantage too
+    assert buffer.record(drawn, [0.5, 0.0])
     assert buffer.record(drawn, [1.0, 0.0])
     assert make(BufferConfig(), ListEnv("a", ["p"])).record(drawn, [0.0, 0.0])  # off by default
 
