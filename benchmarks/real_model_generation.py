@@ -14,6 +14,10 @@ JSON line.
 
     python benchmarks/real_model_generation.py --model models/smollm2-135m-instruct
         [--workloads 4x8x24 8x8x128] [--rounds 5] [--vllm-python .venv-vllm/bin/python]
+
+A base model without a chat template (Gemma 3 270M: `--model models/gemma3-270m`) gets its
+quick start's plain prompts. Beside the rates: the LM head's milliseconds for one decode pass of
+a workload's rows on one thread, and its share of the embedded engine's pass (rows ÷ tokens/s).
 """
 
 from __future__ import annotations
@@ -44,11 +48,32 @@ QUICK_START_ENV = {
 
 
 def prompts(tokenizer: AutoTokenizer, count: int) -> list[list[int]]:
+    """The quick start's prompts through the model's chat template; a base model without one
+    (Gemma 3 270M) gets the plain `Question: …\nAnswer:` form its quick start uses."""
+    if tokenizer.chat_template is None:
+        env = ReasoningGymEnv("chain_sum", **{**QUICK_START_ENV, "system_prompt": None,
+                                              "prompt_format": "plain"})  # fmt: skip
+        return [list(tokenizer(e.prompt_text)["input_ids"]) for e in env.examples("eval", count)]
     env = ReasoningGymEnv("chain_sum", **QUICK_START_ENV)
     return [
         list(tokenizer.apply_chat_template(e.prompt, add_generation_prompt=True)["input_ids"])
         for e in env.examples("eval", count)
     ]
+
+
+@torch.inference_mode()
+def head_seconds(model: torch.nn.Module, rows: int, repeats: int = 5) -> float:
+    """Seconds of the LM head alone for one decode pass of `rows` rows on one thread (the
+    median of `repeats`): its share of a pass is what a large vocabulary costs."""
+    head = model.get_output_embeddings()
+    hidden = torch.randn(rows, head.weight.shape[1])
+    head(hidden)  # warm-up
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        head(hidden)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
 
 
 async def _server_round(url: str, batch: list[list[int]], n: int, tokens: int) -> float:
@@ -99,14 +124,17 @@ def generate_round(
 
 def generate_rates(
     model_dir: Path, pad: int, workloads: list[tuple[list[list[int]], int, int]], rounds: int
-) -> list[list[float]]:
+) -> tuple[list[list[float]], list[float]]:
+    """`generate`'s tokens/s for each workload's rounds, and the LM head's seconds for one
+    decode pass of each workload's rows."""
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     generate_round(model, pad, workloads[0][0][:2], 2, 4)  # warm-up
-    return [
+    rates = [
         [generate_round(model, pad, batch, n, tokens) for _ in range(rounds)]
         for batch, n, tokens in workloads
     ]
+    return rates, [head_seconds(model, len(batch) * n) for batch, n, _ in workloads]
 
 
 def summary(rates: list[float]) -> dict[str, float]:
@@ -140,7 +168,7 @@ def main() -> None:
         vllm = ["--backend", "vllm", "--executable", args.vllm_python, "--enforce_eager", "true",
                 "--enable_lora", "false", "--kv_cache_memory_bytes", str(1 << 29)]  # fmt: skip
         engines["vllm"] = server_rates(args.model, workloads, args.rounds, *vllm)
-    engines["generate_batched"] = generate_rates(
+    engines["generate_batched"], head = generate_rates(
         args.model, tokenizer.pad_token_id, workloads, args.rounds
     )
     results: dict[str, dict[str, object]] = {}
@@ -149,6 +177,12 @@ def main() -> None:
             f"{engine}_tok_s": summary(rates[index]) for engine, rates in engines.items()
         }
         ours = engines["embedded"][index]
+        rows = len(workloads[index][0]) * workloads[index][1]
+        # the head's share of one embedded decode pass of every row (a pass makes `rows` tokens)
+        row["lm_head_ms_per_pass"] = round(head[index] * 1e3, 1)
+        row["lm_head_share_of_embedded_pass"] = round(
+            head[index] / (rows / statistics.median(ours)), 3
+        )
         for other in ("vllm", "generate_batched"):
             if other in engines:
                 row[f"embedded_over_{other}"] = ratio(ours, engines[other][index])

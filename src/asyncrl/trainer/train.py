@@ -48,6 +48,7 @@ from asyncrl.trainer.reference import build_reference, maybe_sync_reference, ref
 from asyncrl.trainer.resume import republish_on_resume, resume
 from asyncrl.trainer.step_stats import StepStats, record_first_pass
 from asyncrl.trainer.weights_out import publish_version
+from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.rollout_transport import batch_receiver
 from asyncrl.transport.weights.colocated import HostEngine
 from asyncrl.transport.weights.registry import open_route, transport_named
@@ -146,6 +147,8 @@ def train_loop(
                 step % config.logging_steps == 0 or step == config.max_steps
             ):
                 summary["wait_time"] = wait_time
+                # samples run forward and backward: those whose advantages are not all 0
+                summary["computed_samples"] = len(samples_to_compute(batch, config.loss))
                 record = {f"trainer/{key}": value for key, value in summary.items()}
                 metrics.log(step, record | phases | spans.take("trainer", steps_since_log))
                 steps_since_log = 0
@@ -175,12 +178,14 @@ def build_policy(
 def this_ranks_micro_batches(
     batch: TrainingBatch, config: TrainerConfig, ranks: Ranks, pad_token_id: int
 ) -> list[MicroBatch]:
-    """This rank's share of the batch (balanced by tokens), packed, weighted by batch totals
-    as the configured loss's normalisation says."""
-    only = None
+    """This rank's share of the samples that carry a gradient (balanced by tokens,
+    `zero_advantage.py`), packed, weighted by the whole batch's totals as the configured loss's
+    normalisation says."""
+    only = samples_to_compute(batch, config.loss)  # not those whose advantages are all 0
     if ranks.distributed:
-        lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in batch.samples]
-        only = split_by_tokens(lengths, ranks.world_size)[ranks.rank]
+        lengths = [len(batch.samples[i].prompt_ids) + len(batch.samples[i].completion_ids)
+                   for i in only]  # fmt: skip
+        only = [only[j] for j in split_by_tokens(lengths, ranks.world_size)[ranks.rank]]
     return build_micro_batches(
         batch,
         config.sequence_len,

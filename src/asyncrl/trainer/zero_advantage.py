@@ -1,0 +1,57 @@
+"""Which samples of a batch the trainer computes: not those whose every advantage is 0.
+
+Under the built-in losses a token's loss is a multiple of its advantage, plus a KL term when
+one is configured (`beta` to a reference, `kl_tau` toward the inference policy in masked_is).
+Without such a term, a sample whose advantages are all 0 — every sample of a group that scored
+alike, most of a batch early in a run on a hard task — adds exactly 0 to the step's loss and to
+every gradient. Its forward and backward are work for nothing: in the first steps of the
+real-model race on an untuned task 91 % of the samples were such, and the trainer spent its
+whole step on them. They are left out of the computation but not of the step's totals (the
+normalisation still counts them: `micro_batches.py` weighs by the whole batch), so the update
+is the one the whole batch gives, up to the order of floating-point sums.
+
+A batch in which no sample carries a gradient still computes its shortest sample: its gradient
+is 0 but present, and the optimizer steps as it always did (AdamW's momentum moves the weights
+on), so skipping changes the work, never the update. A loss given by import path, or one with a
+KL term, computes every sample.
+"""
+
+from __future__ import annotations
+
+from asyncrl.config.trainer import LossConfig
+from asyncrl.types import TrainingBatch, TrainingSample
+
+# built-in losses whose per-token loss is advantage × something, plus `beta` × KL
+ADVANTAGE_TIMES = frozenset({"grpo_clip", "dr_grpo", "dapo", "gspo", "cispo"})
+
+
+def zero_advantage_adds_nothing(loss: LossConfig) -> bool:
+    """Whether, under this loss, a token with advantage 0 adds exactly 0 to the gradient."""
+    if loss.type in ADVANTAGE_TIMES:
+        return loss.beta == 0.0
+    if loss.type == "masked_is":
+        return loss.kl_tau == 0.0 and loss.teacher_tau == 0.0
+    return False  # a loss of the user's own: it may weigh tokens by more than the advantage
+
+
+def carries_gradient(sample: TrainingSample) -> bool:
+    """A loss token with a nonzero advantage."""
+    return any(
+        keep and advantage != 0.0
+        for keep, advantage in zip(sample.completion_mask, sample.advantages, strict=False)
+    )
+
+
+def samples_to_compute(batch: TrainingBatch, loss: LossConfig) -> list[int]:
+    """Indices of the samples the trainer runs forward and backward, in batch order."""
+    everything = list(range(len(batch.samples)))
+    if not zero_advantage_adds_nothing(loss):
+        return everything
+    carrying = [i for i in everything if carries_gradient(batch.samples[i])]
+    if carrying:
+        return carrying
+    with_tokens = [i for i in everything if any(batch.samples[i].completion_mask)]
+    if not with_tokens:
+        return everything  # nothing to train at all: the trainer's empty-step path says so
+    shortest = min(with_tokens, key=lambda i: len(batch.samples[i].completion_ids))
+    return [shortest]
