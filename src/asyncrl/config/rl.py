@@ -73,6 +73,13 @@ class RLConfig(StrictModel):
         "colocated on a machine with one GPU or one CPU core, disaggregated otherwise (decided "
         "when the config is loaded, and logged).",
     )
+    lend_idle_cores: bool = Field(
+        True,
+        description="(launcher: local, CPU only, disaggregated, one trainer process, the "
+        "embedded engine) While the trainer waits for a batch its core runs a second thread of "
+        "the engine's, handed back within one engine step of the batch arriving "
+        "(`core_lending.py`); false keeps each role on its own core throughout.",
+    )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     gpu_ids: GPUIdsConfig = Field(
         default_factory=GPUIdsConfig,

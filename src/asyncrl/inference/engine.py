@@ -32,6 +32,8 @@ logger = get_logger(__name__)
 
 
 class Engine(EngineThread):
+    borrows_cores = True
+
     def __init__(
         self,
         model: torch.nn.Module,
@@ -192,7 +194,7 @@ class Engine(EngineThread):
             if live:
                 self._forward(live, prefill=False)
                 produced += len(live)
-        self.stats.record(produced, time.perf_counter() - started)
+        self.stats.record(produced, time.perf_counter() - started, self.borrowing)
 
     def _admit(self) -> list[Sequence]:
         """Move waiting sequences into free slots, up to the prefill token budget."""

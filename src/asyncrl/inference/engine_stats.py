@@ -13,14 +13,16 @@ class EngineStats:
         self.generated_tokens = 0
         self.prefill_tokens = 0  # tokens run through prefill (a shared prompt counts once)
         self.busy_seconds = 0.0  # time spent in steps (prefill and decode), summed
+        self.borrowed_seconds = 0.0  # of which with a lent core beside the engine's own
         self.steps = 0
         self.window_seconds = window_seconds
         self._recent: deque[tuple[float, int]] = deque()
 
-    def record(self, tokens: int, elapsed: float) -> None:
+    def record(self, tokens: int, elapsed: float, borrowed: bool = False) -> None:
         now = time.monotonic()
         self.generated_tokens += tokens
         self.busy_seconds += elapsed
+        self.borrowed_seconds += elapsed if borrowed else 0.0
         self.steps += 1
         self._recent.append((now, tokens))
         while self._recent and self._recent[0][0] < now - self.window_seconds:

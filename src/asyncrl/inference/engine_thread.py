@@ -6,6 +6,9 @@ An engine subclasses it and says where new sequences queue (`_enqueue`), which a
 (`_unfinished`), whether there is anything to step (`_has_steps`), how one step runs (`_step`)
 and how a sequence ends (`_finish`).
 
+An engine that computes with torch on the CPU (`borrows_cores`) runs on the trainer's core too
+while the trainer waits for a batch, when the launcher lends it (`core_lending.py`).
+
 A step that raises aborts the requests in flight and the engine goes on: one bad request costs
 its sender. A step that fails `FAILED_STEPS_BEFORE_GIVING_UP` times in a row, with fresh
 requests each time, is a broken engine (a library that changed under it, a device gone): it
@@ -22,6 +25,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
+from asyncrl.core_lending import Borrower
 from asyncrl.inference.sampling import SamplingParams
 from asyncrl.inference.sequences import Request, Sequence
 from asyncrl.log import get_logger
@@ -33,6 +37,8 @@ FAILED_STEPS_BEFORE_GIVING_UP = 5
 
 
 class EngineThread:
+    borrows_cores = False  # whether `_step` computes with torch threads a lent core can run
+
     def __init__(self, thread_name: str) -> None:
         self._ids = itertools.count()
         self._condition = threading.Condition()
@@ -45,6 +51,7 @@ class EngineThread:
         self._failed_steps = 0  # in a row
         self.failure: str | None = None  # why the engine gave up, once it has
         self.on_failure: Callable[[str], None] | None = None  # called once, on the engine thread
+        self.borrower: Borrower | None = None  # made on the engine thread, whose threads it sets
         self._thread = threading.Thread(target=self._loop, name=thread_name, daemon=True)
 
     # what an engine provides ---------------------------------------------------------------------
@@ -147,7 +154,14 @@ class EngineThread:
         self._thread.join(timeout=10)
 
     # the loop ------------------------------------------------------------------------------------
+    @property
+    def borrowing(self) -> bool:
+        """Whether the step now running has a lent core beside the engine's own."""
+        return self.borrower is not None and self.borrower.current > self.borrower.own
+
     def _loop(self) -> None:
+        if self.borrows_cores:
+            self.borrower = Borrower.from_environment()
         while True:
             with self._condition:
                 self._condition.wait_for(self._has_work)
@@ -161,6 +175,8 @@ class EngineThread:
                 except Exception as error:  # reported to the caller, the engine lives on
                     future.set_exception(error)
             try:
+                if self.borrower is not None:
+                    self.borrower.before_step()
                 self._step()
                 self._failed_steps = 0
             except Exception as error:  # a failed step must not leave clients waiting forever

@@ -21,6 +21,10 @@ def render_metrics(engine: ServingEngine, model_name: str) -> str:
         "decode, sampling), summed: busy time over wall time is its utilisation.",
         "# TYPE asyncrl:engine_busy_seconds_total counter",
         f"asyncrl:engine_busy_seconds_total{label} {engine.stats.busy_seconds:.6f}",
+        "# HELP asyncrl:engine_borrowed_seconds_total Of those, seconds stepped with a core the "
+        "trainer lent while it waited for a batch (`core_lending.py`).",
+        "# TYPE asyncrl:engine_borrowed_seconds_total counter",
+        f"asyncrl:engine_borrowed_seconds_total{label} {engine.stats.borrowed_seconds:.6f}",
         "# HELP asyncrl:engine_steps_total Engine steps (one batched forward pass each).",
         "# TYPE asyncrl:engine_steps_total counter",
         f"asyncrl:engine_steps_total{label} {engine.stats.steps}",

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from asyncrl.config.deployment import machine_deployment
 from asyncrl.config.rl import RLConfig
+from asyncrl.core_lending import LEND_FLAG_ENV, LENT_CPUS_ENV
 from asyncrl.cpu_affinity import CPUS_ENV, format_cores, usable_cores
 from asyncrl.gpu_presence import gpu_count
 from asyncrl.inference.access import server_api_key
@@ -60,11 +61,14 @@ def write_role_configs(config: RLConfig, output: Path) -> dict[str, Path]:
     return paths
 
 
-def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
+def thread_budget(
+    colocated: bool = False, lend_flag: Path | None = None
+) -> dict[str, dict[str, str]]:
     """On a CPU-only machine, split the cores between inference and trainer instead of letting
     each torch process use all of them (oversubscription slows both), and pin each to its
     half (`cpu_affinity.py`); a colocated trainer, whose engine and training take turns, gets
-    every core. A user's own OMP_NUM_THREADS wins; GPU machines are left alone."""
+    every core. With `lend_flag`, the trainer lends its cores to the engine while it waits
+    (`core_lending.py`). A user's own OMP_NUM_THREADS wins; GPU machines are left alone."""
     if gpu_count() or "OMP_NUM_THREADS" in os.environ:
         return {role: {} for role in ROLES}
     cores = usable_cores()
@@ -73,11 +77,27 @@ def thread_budget(colocated: bool = False) -> dict[str, dict[str, str]]:
                 "orch": {"OMP_NUM_THREADS": "1"}, "infer": {}}  # fmt: skip
     half = max(1, len(cores) // 2)
     train, infer = cores[:half], cores[half:] or cores
-    return {
+    budget = {
         "train": {"OMP_NUM_THREADS": str(len(train)), CPUS_ENV: format_cores(train)},
         "infer": {"OMP_NUM_THREADS": str(len(infer)), CPUS_ENV: format_cores(infer)},
         "orch": {"OMP_NUM_THREADS": "1"},
     }
+    if lend_flag is not None and set(train).isdisjoint(infer):
+        budget["train"][LEND_FLAG_ENV] = str(lend_flag)
+        budget["infer"] |= {LEND_FLAG_ENV: str(lend_flag), LENT_CPUS_ENV: format_cores(train)}
+    return budget
+
+
+def lend_flag_of(config: RLConfig, output: Path) -> Path | None:
+    """Where the trainer says it waits, when this run lends its core to the engine: a
+    one-process trainer beside the embedded engine (vLLM runs its own threads)."""
+    lends = (
+        config.lend_idle_cores
+        and config.deployment == "disaggregated"
+        and config.inference.backend == "embedded"
+        and config.trainer.world_size == 1
+    )
+    return output / "trainer_waiting" if lends else None
 
 
 def deployment_reason(config: RLConfig) -> str:
@@ -120,7 +140,10 @@ def role_specs(
     """How each role starts, and restarts from its own last checkpoint, its log and heartbeat in
     the output directory `output`; every role holds the run's `secret` and sees the GPUs `gpus`
     gives it (none on a CPU-only machine)."""
-    threads = thread_budget(config.deployment == "colocated")
+    flag = lend_flag_of(config, output)
+    if flag is not None:  # one a trainer that died while waiting left behind lends nothing now
+        flag.unlink(missing_ok=True)
+    threads = thread_budget(config.deployment == "colocated", flag)
     shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}
     gpus = gpus or gpu_placement(config)
     specs = {}

@@ -21,6 +21,7 @@ from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.core_lending import lending
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
@@ -117,7 +118,9 @@ def train_loop(
         while config.max_steps is None or step <= config.max_steps:
             generated_before = route.generation_seconds() if route is not None else None
             waited = time.perf_counter()
-            with spans.span("wait_batch"):
+            # while it waits, this core runs the engine's second thread (`core_lending.py`)
+            lend = lending() if not ranks.distributed else contextlib.nullcontext()
+            with spans.span("wait_batch"), lend:
                 batch = batches.next(step)
             wait_time = time.perf_counter() - waited
             if batch is None:

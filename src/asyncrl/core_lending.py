@@ -1,0 +1,122 @@
+"""A core lent while its owner waits: the trainer's core runs a thread of the engine's while the
+trainer has no batch to train.
+
+On a CPU-only machine `asyncrl rl` gives the trainer and the inference server a core each
+(`cpu_affinity.py`). Whichever is the slower role, the other one's core idles for part of every
+step, and early in a run on a hard task, once the trainer skips the samples with nothing to
+teach (`trainer/zero_advantage.py`), it is the trainer that waits most of each step for the
+engine. So the trainer says when it waits, and the engine runs on its core meanwhile:
+
+- the lender (the trainer) holds a flag file (`ASYNCRL_LEND_FLAG`) for as long as it waits for a
+  batch (`lending()`), and removes it the moment a batch arrives;
+- the borrower (the embedded engine, on its own thread) looks for the flag before each step
+  (one `stat`) and runs with one more torch thread per lent core (`ASYNCRL_LENT_CPUS`) while it
+  exists, each new worker thread pinned to a lent core, and with its own count otherwise
+  (`Borrower.before_step`).
+
+The engine hands the core back within one step (tens of milliseconds) of the trainer's batch
+arriving; its own thread never leaves its own core. The launcher sets both variables only for a
+one-process trainer beside the embedded engine (`lend_idle_cores`, on by default); nothing
+here runs anywhere else. A flag left behind by a trainer that died lends a core nobody uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from asyncrl.cpu_affinity import parse_cores
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+LEND_FLAG_ENV = "ASYNCRL_LEND_FLAG"
+LENT_CPUS_ENV = "ASYNCRL_LENT_CPUS"
+TASKS = Path("/proc/self/task")  # one entry per thread of this process (Linux)
+
+
+@contextlib.contextmanager
+def lending() -> Iterator[None]:
+    """(the lender) Lend this process's cores for the duration of the body: the flag exists
+    from entry to exit, whatever the body does."""
+    flag = os.environ.get(LEND_FLAG_ENV)
+    if not flag:
+        yield
+        return
+    try:
+        Path(flag).touch()
+    except OSError as error:  # lending is an optimisation: never a reason to stop training
+        logger.warning("core lending: cannot write %s (%s); not lending", flag, error)
+        yield
+        return
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(flag)
+
+
+def _thread_ids() -> set[int]:
+    return {int(name) for name in os.listdir(TASKS)}
+
+
+class Borrower:
+    """(the borrower) Switches the calling thread's torch thread count as the flag comes and
+    goes; call `before_step` on the thread that computes, before each step."""
+
+    def __init__(self, flag: str, lent: list[int]) -> None:
+        import torch  # here, not at the top: the trainer and the launcher import the module too
+
+        self.torch = torch
+        self.flag = flag
+        self.lent = lent
+        self.own = torch.get_num_threads()
+        self.current = self.own
+        self.owner = threading.get_native_id()
+        self.pinned: set[int] = set()
+        self.borrowed_steps = 0
+
+    @classmethod
+    def from_environment(cls) -> Borrower | None:
+        """A borrower when the launcher lent this process cores, else None."""
+        flag, text = os.environ.get(LEND_FLAG_ENV), os.environ.get(LENT_CPUS_ENV)
+        if not flag or not text or not TASKS.is_dir() or not hasattr(os, "sched_setaffinity"):
+            return None
+        try:
+            lent = sorted(parse_cores(text))
+        except ValueError as error:
+            logger.warning("core lending: %s; not borrowing", error)
+            return None
+        return cls(flag, lent) if lent else None
+
+    def before_step(self) -> None:
+        lent = os.path.exists(self.flag)
+        wanted = self.own + len(self.lent) if lent else self.own
+        self.borrowed_steps += lent
+        if wanted == self.current:
+            return
+        before = _thread_ids() if lent else set()
+        self.torch.set_num_threads(wanted)
+        self.current = wanted
+        if lent:
+            self._pin_new_workers(before)
+
+    def _pin_new_workers(self, before: set[int]) -> None:
+        """Start the wider team (one parallel region) and pin each thread it added to a lent
+        core. The team keeps its threads between regions and reuses them when it grows again,
+        so this pins the workers once, the first time."""
+        self.torch.ones(1 << 20).add_(1.0)  # large enough that torch splits it across the team
+        new = sorted(_thread_ids() - before - {self.owner})
+        for index, thread in enumerate(new):
+            core = self.lent[index % len(self.lent)]
+            try:
+                os.sched_setaffinity(thread, {core})
+            except OSError as error:  # the thread ended, or the core is not ours to use
+                logger.warning("core lending: thread %d not pinned to %d (%s)", thread, core, error)
+                continue
+            self.pinned.add(thread)
+        if new:
+            logger.info("core lending: worker thread(s) %s on lent core(s) %s", new, self.lent)
