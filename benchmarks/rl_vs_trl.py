@@ -19,6 +19,14 @@ never got there is counted as not reaching it), TRL's time over each asyncrl sys
 speed-up, with its interval), how far the on-policy curves overlap, and each system's mean step
 decomposition (`race_decomposition.py`).
 
+Workloads: the toy quick start (`quickstart`, `long`), the real-model quick start (`smollm2`) and
+the same settings on tasks nobody tuned on (`smollm2-chain-sum-wide`, `smollm2-products`: the
+quick start's config with `benchmarks/workloads/*.yaml` laid over it, chosen before racing).
+`--variant NAME:KEY=VALUE,…` races another asyncrl configuration as `asyncrl-NAME`. Learning
+per sample is read both against completions trained (steps × batch) and against completions
+generated (a variant that drops groups made more than it trained on).
+`--report-only` summarises a stored race again without running anything.
+
     make bench-setup   # .venv-bench: asyncrl + TRL
     .venv-bench/bin/python benchmarks/rl_vs_trl.py --workload quickstart \
         --sft outputs/demo/sft/final
