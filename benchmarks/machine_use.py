@@ -8,7 +8,8 @@ One run of a config (the real-model quick start by default), and around it, on t
   the trainer ran (float32 or bfloat16), the decode rate (32 rows) and the other precision beside;
 - **useful FLOP/s of each role over the run's steady part** (from the end of the trainer's first
   step to its last), counted from the model's shapes and the tokens each processed, matmuls only:
-  the trainer's from the batches it trained (shared prompts once, 2 passes over the frozen base
+  the trainer's from the batches it trained (the samples it computed: not those whose advantages
+  are all 0; shared prompts once, 2 passes over the frozen base
   under LoRA, 3 in full fine-tuning, the LM head on loss tokens), the engine's from its
   `/metrics` counters (prefilled and generated tokens; the head once per generated token; the
   embedded engine's: vLLM's in-process engine does not count prefilled tokens);
@@ -43,8 +44,10 @@ import httpx
 import torch
 import yaml
 
+from asyncrl.config.trainer import LossConfig
 from asyncrl.launch.inference_process import free_port, inference_server
 from asyncrl.monitor.metrics import read_headers, read_metrics
+from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.batches import read_batch
 from asyncrl.types import TrainingBatch
 from machine import cpu_name
@@ -183,10 +186,15 @@ def run_and_watch(config: dict, workdir: Path) -> tuple[dict, dict, float]:
     return start, last, last["time"] - start["time"]
 
 
-def batch_flops(batch: TrainingBatch, body: int, head: int, lora: bool) -> float:
-    prompts = {tuple(s.prompt_ids) for s in batch.samples}  # shared prefixes: once each
-    tokens = sum(map(len, prompts)) + sum(len(s.completion_ids) for s in batch.samples)
-    loss_tokens = sum(sum(s.completion_mask) for s in batch.samples)
+def batch_flops(
+    batch: TrainingBatch, body: int, head: int, lora: bool, loss: LossConfig | None = None
+) -> float:
+    """The matmul FLOPs of training `batch`: the samples the trainer computes (not those whose
+    advantages are all 0, `trainer/zero_advantage.py`), shared prompts once each."""
+    computed = [batch.samples[i] for i in samples_to_compute(batch, loss or LossConfig())]
+    prompts = {tuple(s.prompt_ids) for s in computed}  # shared prefixes: once each
+    tokens = sum(map(len, prompts)) + sum(len(s.completion_ids) for s in computed)
+    loss_tokens = sum(sum(s.completion_mask) for s in computed)
     return (2 if lora else 3) * 2 * (body * tokens + head * loss_tokens)
 
 
@@ -272,9 +280,10 @@ def main() -> None:
         start, end, span = run_and_watch(config, Path(workdir))
         run_dir = Path(config["output_dir"]) / "run_default"
         lora = bool(config["trainer"].get("lora"))
+        loss = LossConfig(**config["trainer"].get("loss", {}))
         steps = range(start["step"] + 1, end["step"] + 1)
         batches = [read_batch(run_dir, step) for step in steps]
-        trainer_work = sum(batch_flops(b, body, head, lora) for b in batches)
+        trainer_work = sum(batch_flops(b, body, head, lora, loss) for b in batches)
         server = difference(end["server"], start["server"])
         engine_work = engine_flops(server, body, head)
         train_cpu = end["threads"]["train"]["main"] - start["threads"]["train"]["main"]
@@ -298,7 +307,7 @@ def main() -> None:
     two_core = sum(max(before, after) for before, after in pairs)
     trainer_rate = trainer_work / span / 1e9
     engine_rate = engine_work / span / 1e9
-    replayed_work = sum(batch_flops(b, body, head, lora) for b in replay)
+    replayed_work = sum(batch_flops(b, body, head, lora, loss) for b in replay)
     alone_busy = alone_engine["engine_busy_seconds_total"]
     print(json.dumps({
         "benchmark": "machine_use", "cpu": cpu_name(), "config": str(args.config),

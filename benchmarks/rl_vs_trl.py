@@ -99,10 +99,13 @@ def stop_at_budget(process: subprocess.Popen[bytes], launched: float, budget: fl
 
 
 def variant(text: str) -> tuple[str, list[str]]:
-    """`--variant NAME:KEY=VALUE,KEY=VALUE` -> ("asyncrl-NAME", its command-line overrides)."""
+    """`--variant NAME:KEY=VALUE,KEY=VALUE` -> ("asyncrl-NAME", its command-line overrides); a
+    value cannot hold a comma."""
     name, _, settings = text.partition(":")
     if not name or not settings:
         raise argparse.ArgumentTypeError(f"--variant {text!r}: write NAME:KEY=VALUE[,KEY=VALUE]")
+    if f"asyncrl-{name}" in SYSTEMS:
+        raise argparse.ArgumentTypeError(f"--variant {name}: a built-in contestant's name")
     overrides = []
     for item in settings.split(","):
         key, _, value = item.partition("=")
@@ -244,19 +247,26 @@ def write_report(
 def report_again(args: argparse.Namespace, settings: RLConfig, stored: dict[str, Any]) -> None:
     """`--report-only`: the stored runs summarised by today's report code, under the stored
     settings; asyncrl points without a count of completions generated get it from their run."""
-    orchestrator = settings.orchestrator
+    report = stored["report"]
+    if report["workload"] != args.workload or report["settings"]["set"] != args.set:
+        raced = f"--workload {report['workload']} --set {report['settings']['set']}"
+        raise SystemExit(f"--report-only: {args.out}/race.json raced {raced}; give the same")
+    batch, group = settings.orchestrator.batch_size, settings.orchestrator.rollouts_per_example
+    if report["settings"]["completions_per_step"] != batch:
+        raise SystemExit(f"--report-only: the stored race trained {batch} completions a step")
     for run in stored["runs"]:
         metrics = args.out / f"{run['system']}-seed{run['seed']}" / "run_default" / "metrics.jsonl"
-        if run["system"] == "trl" or not metrics.exists():
+        if run["system"] == "trl":
             continue
-        counts = generated_by_step(metrics, orchestrator.batch_size,
-                                   orchestrator.rollouts_per_example)  # fmt: skip
+        if not metrics.exists():
+            raise SystemExit(f"--report-only: {metrics} is gone: its completions generated "
+                             "cannot be counted")  # fmt: skip
+        counts = generated_by_step(metrics, batch, group)
         for point in run["points"]:
-            point.setdefault("generated", counts.get(point["step"]))
-    settings_key = {k: v for k, v in stored["report"]["settings"].items()
+            point.setdefault("generated", counts[point["step"]])
+    settings_key = {k: v for k, v in report["settings"].items()
                     if k not in ("completions_per_step", "seeds", "merged")}  # fmt: skip
-    report = write_report(args, settings, settings_key, stored["report"]["start"], stored["runs"])
-    print(json.dumps(report))
+    print(json.dumps(write_report(args, settings, settings_key, report["start"], stored["runs"])))
 
 
 def main() -> None:

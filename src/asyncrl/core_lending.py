@@ -14,10 +14,15 @@ engine. So the trainer says when it waits, and the engine runs on its core meanw
   exists, each new worker thread pinned to a lent core, and with its own count otherwise
   (`Borrower.before_step`).
 
-The engine hands the core back within one step (tens of milliseconds) of the trainer's batch
-arriving; its own thread never leaves its own core. The launcher sets both variables only for a
-one-process trainer beside the embedded engine (`lend_idle_cores`, on by default); nothing
-here runs anywhere else. A flag left behind by a trainer that died lends a core nobody uses.
+The engine hands the core back within one step of the trainer's batch arriving (a decode step
+takes tens of milliseconds, a prefill longer); its own thread never leaves its own core, and a
+worker of its own count is never moved. The thread count decides how matmuls split their work,
+so a step run with a lent core may differ from one without in the last bits of a logprob.
+
+The launcher sets both variables only for a one-process trainer beside the embedded engine, on
+a CPU-only machine whose cores it splits itself (a user's `OMP_NUM_THREADS` turns the split,
+and lending, off; so does `lend_idle_cores: false`). A flag a killed trainer left behind is
+removed when the next one starts (`stop_lending`).
 """
 
 from __future__ import annotations
@@ -36,6 +41,15 @@ logger = get_logger(__name__)
 LEND_FLAG_ENV = "ASYNCRL_LEND_FLAG"
 LENT_CPUS_ENV = "ASYNCRL_LENT_CPUS"
 TASKS = Path("/proc/self/task")  # one entry per thread of this process (Linux)
+
+
+def stop_lending() -> None:
+    """(the lender, as it starts) Remove a flag a predecessor left behind: a trainer killed while
+    it waited lends its core to nobody's benefit until its successor's first wait."""
+    flag = os.environ.get(LEND_FLAG_ENV)
+    if flag:
+        with contextlib.suppress(OSError):
+            os.unlink(flag)
 
 
 @contextlib.contextmanager
@@ -63,21 +77,32 @@ def _thread_ids() -> set[int]:
     return {int(name) for name in os.listdir(TASKS)}
 
 
+def _torch():  # type: ignore[no-untyped-def]
+    """torch, imported where a borrower runs: the launcher and the trainer's `lending` import
+    this module too, and the launcher decides without torch."""
+    import torch
+
+    return torch
+
+
+def _start_team() -> None:
+    """One parallel region at the calling thread's torch thread count, so that every worker of
+    that count exists: 2**20 elements is 32 of torch's 32,768-element grains."""
+    _torch().ones(1 << 20).add_(1.0)
+
+
 class Borrower:
     """(the borrower) Switches the calling thread's torch thread count as the flag comes and
     goes; call `before_step` on the thread that computes, before each step."""
 
     def __init__(self, flag: str, lent: list[int]) -> None:
-        import torch  # here, not at the top: the trainer and the launcher import the module too
-
-        self.torch = torch
         self.flag = flag
         self.lent = lent
-        self.own = torch.get_num_threads()
+        self.own = _torch().get_num_threads()
         self.current = self.own
         self.owner = threading.get_native_id()
-        self.pinned: set[int] = set()
-        self.borrowed_steps = 0
+        self.pinned: set[int] = set()  # the workers moved to a lent core
+        _start_team()  # the engine's own workers exist before any diff, and are never moved
 
     @classmethod
     def from_environment(cls) -> Borrower | None:
@@ -86,7 +111,7 @@ class Borrower:
         if not flag or not text or not TASKS.is_dir() or not hasattr(os, "sched_setaffinity"):
             return None
         try:
-            lent = sorted(parse_cores(text))
+            lent = sorted(parse_cores(text, LENT_CPUS_ENV))
         except ValueError as error:
             logger.warning("core lending: %s; not borrowing", error)
             return None
@@ -95,11 +120,10 @@ class Borrower:
     def before_step(self) -> None:
         lent = os.path.exists(self.flag)
         wanted = self.own + len(self.lent) if lent else self.own
-        self.borrowed_steps += lent
         if wanted == self.current:
             return
         before = _thread_ids() if lent else set()
-        self.torch.set_num_threads(wanted)
+        _torch().set_num_threads(wanted)
         self.current = wanted
         if lent:
             self._pin_new_workers(before)
@@ -108,7 +132,7 @@ class Borrower:
         """Start the wider team (one parallel region) and pin each thread it added to a lent
         core. The team keeps its threads between regions and reuses them when it grows again,
         so this pins the workers once, the first time."""
-        self.torch.ones(1 << 20).add_(1.0)  # large enough that torch splits it across the team
+        _start_team()
         new = sorted(_thread_ids() - before - {self.owner})
         for index, thread in enumerate(new):
             core = self.lent[index % len(self.lent)]

@@ -30,13 +30,13 @@ def format_cores(cores: list[int]) -> str:
     return ",".join(str(core) for core in cores)
 
 
-def parse_cores(text: str) -> set[int]:
-    """`0,2-3` -> {0, 2, 3}; a clear error for anything else."""
+def parse_cores(text: str, variable: str = CPUS_ENV) -> set[int]:
+    """`0,2-3` -> {0, 2, 3}; a clear error, naming `variable`, for anything else."""
     cores: set[int] = set()
     for part in filter(None, (piece.strip() for piece in text.split(","))):
         low, _, high = part.partition("-")
         if not low.isdigit() or (high and not high.isdigit()):
-            raise ValueError(f"{CPUS_ENV}={text!r}: expected core numbers like 0,2-3")
+            raise ValueError(f"{variable}={text!r}: expected core numbers like 0,2-3")
         cores.update(range(int(low), int(high or low) + 1))
     return cores
 

@@ -13,7 +13,7 @@ import pytest
 
 from asyncrl.config.loading import load_config
 from asyncrl.config.rl import RLConfig
-from asyncrl.core_lending import LEND_FLAG_ENV, LENT_CPUS_ENV, Borrower, lending
+from asyncrl.core_lending import LEND_FLAG_ENV, LENT_CPUS_ENV, Borrower, lending, stop_lending
 from asyncrl.cpu_affinity import CPUS_ENV, usable_cores
 from asyncrl.launch.local import lend_flag_of, thread_budget
 
@@ -29,18 +29,25 @@ def test_the_flag_exists_while_the_lender_waits_and_not_after(
     with pytest.raises(RuntimeError), lending():  # a wait that fails lends nothing after
         raise RuntimeError("the orchestrator died")
     assert not flag.exists()
+    flag.touch()  # left behind by a trainer killed while it waited
+    stop_lending()  # its successor, starting
+    assert not flag.exists()
     monkeypatch.delenv(LEND_FLAG_ENV)
     with lending():  # not lent by the launcher: nothing written
         assert not flag.exists()
 
 
-def test_a_borrower_needs_both_variables_and_sane_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_borrower_needs_both_variables_and_sane_cores(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delenv(LEND_FLAG_ENV, raising=False)
     monkeypatch.setenv(LENT_CPUS_ENV, "0")
     assert Borrower.from_environment() is None
     monkeypatch.setenv(LEND_FLAG_ENV, "/nonexistent/flag")
     monkeypatch.setenv(LENT_CPUS_ENV, "zero")
-    assert Borrower.from_environment() is None  # warned, not borrowing
+    with caplog.at_level("WARNING"):
+        assert Borrower.from_environment() is None  # warned, not borrowing
+    assert LENT_CPUS_ENV in caplog.text  # the variable that is wrong, by name
 
 
 @pytest.mark.skipif(len(usable_cores()) < 2 or not hasattr(os, "sched_setaffinity"),

@@ -34,15 +34,22 @@ class LossSpec:
     """A loss: `objective` (import path) computes one micro-batch's share of the step's loss
     from tokens already weighted by `normalisation`; `reads` are the `trainer.loss` keys the
     objective looks at (`type` aside). A key outside `keys_read` that a config sets away from
-    its default is refused when the config loads, so a setting never silently does nothing."""
+    its default is refused when the config loads, so a setting never silently does nothing.
+    `silent_when_zero`: the keys that, all 0, make a token whose advantage is 0 add exactly 0
+    to the loss and its gradient (its KL coefficients), so that the trainer need not compute a
+    sample whose advantages are all 0 (`trainer/zero_advantage.py`); None, the default, says
+    nothing and every sample is computed."""
 
     name: str
     objective: str
     normalisation: NormalisationName = "token"
     reads: frozenset[str] = field(default_factory=frozenset)
+    silent_when_zero: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reads", frozenset(self.reads))  # a set or tuple will do
+        if self.silent_when_zero is not None:
+            object.__setattr__(self, "silent_when_zero", frozenset(self.silent_when_zero))
         if self.normalisation not in NORMALISATION_READS:
             raise ConfigError(
                 f"loss `{self.name}`: normalisation `{self.normalisation}` is not one of "
@@ -62,16 +69,25 @@ MASKED_IS_KEYS = frozenset({
     "sequence_clip_high",
 })  # fmt: skip
 CLIPPED_KEYS = frozenset({"epsilon", "epsilon_high", "beta", "kl_estimator"})
+BETA = frozenset({"beta"})
 
 BUILT_IN: dict[str, LossSpec] = {
     spec.name: spec
     for spec in (
-        LossSpec("masked_is", f"{OBJECTIVES}:masked_is_loss", "token", MASKED_IS_KEYS),
-        LossSpec("grpo_clip", f"{OBJECTIVES}:clipped_loss", "sequence", CLIPPED_KEYS),
-        LossSpec("dr_grpo", f"{OBJECTIVES}:clipped_loss", "constant", CLIPPED_KEYS),
-        LossSpec("dapo", f"{OBJECTIVES}:clipped_loss", "token", CLIPPED_KEYS),
-        LossSpec("gspo", f"{OBJECTIVES}:gspo_loss", "sequence", CLIPPED_KEYS),
-        LossSpec("cispo", f"{OBJECTIVES}:cispo_loss", "token", CLIPPED_KEYS),
+        # masked_is: importance · (adv_tau · A − kl_tau · log ratio), teacher_tau not built;
+        # the others: a multiple of A, plus β · KL to the reference (objectives.py)
+        LossSpec(
+            "masked_is",
+            f"{OBJECTIVES}:masked_is_loss",
+            "token",
+            MASKED_IS_KEYS,
+            frozenset({"kl_tau", "teacher_tau"}),
+        ),
+        LossSpec("grpo_clip", f"{OBJECTIVES}:clipped_loss", "sequence", CLIPPED_KEYS, BETA),
+        LossSpec("dr_grpo", f"{OBJECTIVES}:clipped_loss", "constant", CLIPPED_KEYS, BETA),
+        LossSpec("dapo", f"{OBJECTIVES}:clipped_loss", "token", CLIPPED_KEYS, BETA),
+        LossSpec("gspo", f"{OBJECTIVES}:gspo_loss", "sequence", CLIPPED_KEYS, BETA),
+        LossSpec("cispo", f"{OBJECTIVES}:cispo_loss", "token", CLIPPED_KEYS, BETA),
     )
 }
 
@@ -105,8 +121,10 @@ def loss_spec(name: str) -> LossSpec:
 def describe(found: object, name: str) -> dict[str, object]:
     """A user's loss object as the fields of its `LossSpec` (see `loss_spec`)."""
     if isinstance(found, LossSpec):
+        silent = found.silent_when_zero
         return {"name": found.name, "objective": found.objective,
-                "normalisation": found.normalisation, "reads": sorted(found.reads)}  # fmt: skip
+                "normalisation": found.normalisation, "reads": sorted(found.reads),
+                "silent_when_zero": None if silent is None else sorted(silent)}  # fmt: skip
     normalisation = getattr(getattr(found, "normalisation", None), "name", None)
     if normalisation is not None and hasattr(found, "reads"):  # the trainer's `Loss`
         return {"name": str(getattr(found, "name", name)), "objective": name,

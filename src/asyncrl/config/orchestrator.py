@@ -84,7 +84,8 @@ class BufferConfig(StrictModel):
     seed: int | None = Field(None, description="Random seed for deterministic sampling.")
     online_difficulty_filtering: bool = Field(
         False,
-        description="Skip groups whose rewards are all equal (zero advantage: nothing to learn).",
+        description="Drop groups whose advantages are all 0 (rewards all equal: nothing to "
+        "learn) and generate others in their place (DAPO's dynamic sampling).",
     )
     easy_threshold: float | None = Field(
         None, description="Reward above which a problem is `easy`."
@@ -341,6 +342,12 @@ class OrchestratorConfig(StrictModel):
             raise ValueError(
                 f"`max_off_policy_steps` ({self.max_off_policy_steps}) must be at least "
                 f"`max_async_level` ({self.max_async_level}): otherwise every rollout is dropped"
+            )
+        if self.buffer.online_difficulty_filtering and self.rollouts_per_example == 1:
+            raise ValueError(
+                "`buffer.online_difficulty_filtering` drops groups whose advantages are all 0, "
+                "and with `rollouts_per_example: 1` that is every group: raise it or turn the "
+                "filter off"
             )
         return self
 

@@ -78,7 +78,8 @@ class RLConfig(StrictModel):
         description="(launcher: local, CPU only, disaggregated, one trainer process, the "
         "embedded engine) While the trainer waits for a batch its core runs a second thread of "
         "the engine's, handed back within one engine step of the batch arriving "
-        "(`core_lending.py`); false keeps each role on its own core throughout.",
+        "(`core_lending.py`); false keeps each role on its own core throughout. A user's own "
+        "OMP_NUM_THREADS turns the launcher's core split, and this, off.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     gpu_ids: GPUIdsConfig = Field(

@@ -174,9 +174,8 @@ class EngineThread:
                     future.set_result(operation())
                 except Exception as error:  # reported to the caller, the engine lives on
                     future.set_exception(error)
+            self._borrow()
             try:
-                if self.borrower is not None:
-                    self.borrower.before_step()
                 self._step()
                 self._failed_steps = 0
             except Exception as error:  # a failed step must not leave clients waiting forever
@@ -187,6 +186,17 @@ class EngineThread:
                 with self._condition:
                     for sequence in self._unfinished():
                         self._finish(sequence, "abort")
+
+    def _borrow(self) -> None:
+        """Take or give back a lent core before the step; a failure to do so ends borrowing,
+        never a request."""
+        if self.borrower is None:
+            return
+        try:
+            self.borrower.before_step()
+        except Exception:
+            logger.exception("core lending failed; the engine stays on its own cores")
+            self.borrower = None
 
     def _give_up(self, error: Exception) -> None:
         self.failure = (

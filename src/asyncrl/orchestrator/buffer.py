@@ -3,9 +3,9 @@
 - Examples come from each environment's train split, deduplicated by `hash_keys`.
 - `env_ratios` weight the choice of environment; within one, examples cycle in a fresh random
   order each pass.
-- After a group is scored: with `online_difficulty_filtering`, a group whose rewards are all
-  equal (all 0, all 1, or all the same partial credit) has zero advantage, teaches nothing and is
-  skipped; a problem whose mean reward is at
+- After a group is scored: with `online_difficulty_filtering`, a group whose advantages are all
+  0 (rewards all equal: all 0, all 1 or the same partial credit) teaches nothing and is dropped
+  by the orchestrator (`orchestrator/dropped/no_signal`); a problem whose mean reward is at
   least `easy_threshold` moves to the easy pool, at most `hard_threshold` to the hard pool, and
   is no longer sampled. On start, `easy_fraction` / `hard_fraction` of those pools are promoted
   back to normal.
@@ -91,17 +91,14 @@ class Buffer:
                 return Drawn(env_index, example)
         raise RuntimeError(f"environment {env_index}: every example is in the easy or hard pool")
 
-    def record(self, drawn: Drawn, rewards: Sequence[float]) -> bool:
-        """Update the pools from a scored group; False if the group should not be trained on."""
+    def record(self, drawn: Drawn, rewards: Sequence[float]) -> None:
+        """Update the pools from a scored group."""
         key = (drawn.env_index, example_key(drawn.example, self.config.hash_keys))
         mean = sum(rewards) / len(rewards)
         if self.config.easy_threshold is not None and mean >= self.config.easy_threshold:
             self.easy.add(key)
         elif self.config.hard_threshold is not None and mean <= self.config.hard_threshold:
             self.hard.add(key)
-        if self.config.online_difficulty_filtering:
-            return len(set(rewards)) > 1  # equal rewards: every advantage is 0
-        return True
 
     def state(self) -> dict[str, Any]:
         return {

@@ -50,7 +50,9 @@ class Group:
 
     @property
     def zero_advantage(self) -> bool:
-        return all(a == 0.0 for s in self.samples for a in s.advantages[:1])
+        """Every token's advantage is 0 (a group that scored alike, under any advantage that
+        centres rewards; per-step advantages can differ within a completion)."""
+        return all(a == 0.0 for s in self.samples for a in s.advantages)
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,7 @@ class Orchestrator:
             config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
+        self.drops: Counter[str] = Counter()  # groups dropped since the last batch, by why
         self.aborted_in_a_row = 0  # since the last group that finished: see `gave_up_on_aborts`
         self.weights = WeightSync(config, self.run_dir, self.clients)
 
@@ -298,7 +299,10 @@ class Orchestrator:
             return None
         self.aborted_in_a_row = 0
         self.rejections.served()
-        group.trainable = self.buffer.record(drawn, group.rewards)  # the buffer learns here
+        self.buffer.record(drawn, group.rewards)  # the buffer learns here
+        # dynamic sampling: a group whose every advantage is 0 teaches nothing and is dropped
+        group.trainable = not (self.config.buffer.online_difficulty_filtering
+                               and group.zero_advantage)  # fmt: skip
         return group
 
     @property
@@ -322,9 +326,10 @@ class Orchestrator:
         oldest_floor = step - 1 - self.config.max_off_policy_steps
         if self.config.max_async_level == 0:
             oldest_floor = newest_floor  # on-policy: no token from older weights either
-        drops: Counter[str] = Counter()
+        drops = self.drops  # counted across calls: most return None, the next batch reports
         if self.aborted_groups:
-            drops["aborted"], self.aborted_groups = self.aborted_groups, 0
+            drops["aborted"] += self.aborted_groups
+            self.aborted_groups = 0
         kept = deque()
         while ready:
             group = ready.popleft()
@@ -342,6 +347,7 @@ class Orchestrator:
             return None
         chosen = [kept.popleft() for _ in range(needed)]
         ready.extend(kept)
+        self.drops = Counter()
         return chosen, drops
 
     def maybe_write_samples(self, step: int, groups: list[Group]) -> None:

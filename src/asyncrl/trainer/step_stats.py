@@ -15,6 +15,7 @@ from asyncrl.trainer.parallel import (
     reduce_max,
     reduce_sums,
 )
+from asyncrl.types import TrainingBatch
 
 
 @dataclass
@@ -93,3 +94,16 @@ def record_first_pass(
     stats.masked_tokens += output.masked_tokens
     stats.clipped_tokens += output.clipped_tokens
     stats.max_staleness = max(stats.max_staleness, int(stats.version - mb.policy_versions.min()))
+
+
+def oldest_token_staleness(batch: TrainingBatch, version: int) -> int:
+    """Versions between the weights trained and the oldest loss token's policy, over the whole
+    batch: samples the trainer did not compute (`zero_advantage.py`) were still sampled that
+    long ago."""
+    versions = [
+        version
+        for sample in batch.samples
+        for version, keep in zip(sample.policy_versions, sample.completion_mask, strict=True)
+        if keep
+    ]
+    return max(0, version - min(versions)) if versions else 0

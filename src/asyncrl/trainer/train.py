@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.core_lending import lending
+from asyncrl.core_lending import lending, stop_lending
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
@@ -47,7 +47,7 @@ from asyncrl.trainer.parallel import (
 )
 from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.trainer.resume import republish_on_resume, resume
-from asyncrl.trainer.step_stats import StepStats, record_first_pass
+from asyncrl.trainer.step_stats import StepStats, oldest_token_staleness, record_first_pass
 from asyncrl.trainer.weights_out import publish_version
 from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -104,6 +104,7 @@ def train_loop(
         run_dir, config.model, config.loss.type, config.recipe, ranks.world_size,
     )  # fmt: skip
 
+    stop_lending()  # a flag a trainer killed while it waited left behind
     receiver = batch_receiver(config.rollout_transport, run_dir) if ranks.is_main else None
     step = resume(config, run_dir, model, optimizer, scheduler, ranks) + 1
     batches = BatchSource(receiver, route, ranks, batch_timeout)
@@ -144,6 +145,7 @@ def train_loop(
             with spans.span("checkpoint"):
                 maybe_sync_reference(reference, model, step, config)
                 maybe_checkpoint(config, run_dir, step, model, optimizer, scheduler, ranks)
+            stats.max_staleness = max(stats.max_staleness, oldest_token_staleness(batch, step - 1))
             summary = stats.summary()
             steps_since_log += 1
             if metrics is not None and (
@@ -186,8 +188,7 @@ def this_ranks_micro_batches(
     normalisation says."""
     only = samples_to_compute(batch, config.loss)  # not those whose advantages are all 0
     if ranks.distributed:
-        lengths = [len(batch.samples[i].prompt_ids) + len(batch.samples[i].completion_ids)
-                   for i in only]  # fmt: skip
+        lengths = [len(batch.samples[i].prompt_ids + batch.samples[i].completion_ids) for i in only]
         only = [only[j] for j in split_by_tokens(lengths, ranks.world_size)[ranks.rank]]
     return build_micro_batches(
         batch,

@@ -12,33 +12,34 @@ is the one the whole batch gives, up to the order of floating-point sums.
 
 A batch in which no sample carries a gradient still computes its shortest sample: its gradient
 is 0 but present, and the optimizer steps as it always did (AdamW's momentum moves the weights
-on), so skipping changes the work, never the update. A loss given by import path, or one with a
-KL term, computes every sample.
+on). So skipping changes the work, not the update — with three exceptions, none in the
+built-in recipes: a skipped token whose ratio is not finite would have made the step's loss
+NaN and the update be skipped, and now does not; dropout draws other masks; and in a mixture
+of experts an expert reached only by skipped tokens gets no gradient instead of a zero one
+(AdamW then leaves it alone). Which losses qualify the loss registry says
+(`LossSpec.silent_when_zero`: the KL coefficients that must be 0); a loss of the user's own that
+does not say computes every sample.
 """
 
 from __future__ import annotations
 
+from asyncrl.config.losses import loss_spec
 from asyncrl.config.trainer import LossConfig
 from asyncrl.types import TrainingBatch, TrainingSample
 
-# built-in losses whose per-token loss is advantage × something, plus `beta` × KL
-ADVANTAGE_TIMES = frozenset({"grpo_clip", "dr_grpo", "dapo", "gspo", "cispo"})
-
 
 def zero_advantage_adds_nothing(loss: LossConfig) -> bool:
-    """Whether, under this loss, a token with advantage 0 adds exactly 0 to the gradient."""
-    if loss.type in ADVANTAGE_TIMES:
-        return loss.beta == 0.0
-    if loss.type == "masked_is":
-        return loss.kl_tau == 0.0 and loss.teacher_tau == 0.0
-    return False  # a loss of the user's own: it may weigh tokens by more than the advantage
+    """Whether, under this loss as configured, a token with advantage 0 adds exactly 0 to the
+    loss and its gradient."""
+    silent = loss_spec(loss.type).silent_when_zero
+    return silent is not None and all(getattr(loss, key, None) == 0.0 for key in silent)
 
 
 def carries_gradient(sample: TrainingSample) -> bool:
     """A loss token with a nonzero advantage."""
     return any(
         keep and advantage != 0.0
-        for keep, advantage in zip(sample.completion_mask, sample.advantages, strict=False)
+        for keep, advantage in zip(sample.completion_mask, sample.advantages, strict=True)
     )
 
 

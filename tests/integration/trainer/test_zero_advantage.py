@@ -122,5 +122,8 @@ def test_a_kl_term_or_a_users_loss_computes_every_sample() -> None:
     assert samples_to_compute(batch, LossConfig(type="grpo_clip", beta=0.1)) == everything
     assert samples_to_compute(batch, LossConfig(type="masked_is", kl_tau=0.1)) == everything
     custom = LossConfig.model_construct(type="tests.unit.trainer.reinforce_loss:reinforce")
-    assert samples_to_compute(batch, custom) == everything
+    assert samples_to_compute(batch, custom) == everything  # says nothing: all computed
+    # a user's LossSpec that says it may be skipped, described by a short-lived process
+    declared = LossConfig.model_construct(type="tests.unit.trainer.reinforce_loss:SILENT_SPEC")
+    assert samples_to_compute(batch, declared) == everything[2:]
     assert samples_to_compute(batch, LossConfig(type="dapo")) == everything[2:]

@@ -63,17 +63,6 @@ def test_env_ratios_weight_the_environments() -> None:
     assert counts[0] / 4000 == pytest.approx(0.75, abs=0.03)
 
 
-def test_online_difficulty_filtering_skips_groups_with_nothing_to_learn() -> None:
-    buffer = make(BufferConfig(online_difficulty_filtering=True), ListEnv("a", ["p"]))
-    drawn = buffer.draw()
-    assert not buffer.record(drawn, [0.0, 0.0, 0.0])
-    assert not buffer.record(drawn, [1.0, 1.0])
-    assert not buffer.record(drawn, [0.5, 0.5])  # equal partial credit: zero advantage too
-    assert buffer.record(drawn, [0.5, 0.0])
-    assert buffer.record(drawn, [1.0, 0.0])
-    assert make(BufferConfig(), ListEnv("a", ["p"])).record(drawn, [0.0, 0.0])  # off by default
-
-
 def text(drawn: object) -> str:
     return drawn.example.prompt[0]["content"]  # type: ignore[attr-defined]
 

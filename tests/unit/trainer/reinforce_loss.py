@@ -30,3 +30,10 @@ NOT_A_LOSS = 3
 SCALED_SPEC = LossSpec(
     "scaled_reinforce", f"{__name__}:_scaled_reinforce", "sequence", frozenset({"adv_tau"})
 )
+
+# the same, saying a token with advantage 0 adds nothing whatever the keys (no KL term): the
+# trainer may skip samples whose advantages are all 0 (`trainer/zero_advantage.py`)
+SILENT_SPEC = LossSpec(
+    "scaled_reinforce", f"{__name__}:_scaled_reinforce", "sequence", frozenset({"adv_tau"}),
+    silent_when_zero=frozenset(),
+)  # fmt: skip
