@@ -50,6 +50,9 @@ def fixed_batch(shape: str) -> TrainingBatch:
         mask = [True] * completion
         if shape == "even" and index == 3:
             mask = [False] * completion  # a truncated, fully masked sample
+        advantage = rng.choice((-1.0, 1.0)) * rng.uniform(0.2, 1.0)
+        if shape == "even" and index == 5:  # nothing to teach: the ranks split only the samples
+            advantage = 0.0  # the trainer computes (`zero_advantage.py`)
         samples.append(
             TrainingSample(
                 prompt_ids=[rng.randrange(4, 128) for _ in range(prompt)],
@@ -57,7 +60,7 @@ def fixed_batch(shape: str) -> TrainingBatch:
                 completion_mask=mask,
                 # near the model's own logprobs (≈ −ln 128) but not equal: ratios ≠ 1, some clip
                 inference_logprobs=[-4.85 + rng.uniform(-0.4, 0.4) for _ in range(completion)],
-                advantages=[rng.choice((-1.0, 1.0)) * rng.uniform(0.2, 1.0)] * completion,
+                advantages=[advantage] * completion,
                 policy_versions=[0] * completion,
                 temperature=rng.choice((1.0, 0.7)),
                 env="test",
