@@ -16,6 +16,7 @@ from asyncrl.config.rl import RLConfig
 from asyncrl.core_lending import LEND_FLAG_ENV, LENT_CPUS_ENV, Borrower, lending, stop_lending
 from asyncrl.cpu_affinity import CPUS_ENV, usable_cores
 from asyncrl.launch.local import lend_flag_of, thread_budget
+from asyncrl.run.layout import heartbeat_file, lend_flag_file
 
 
 def test_the_flag_exists_while_the_lender_waits_and_not_after(
@@ -97,7 +98,8 @@ def test_the_launcher_lends_only_beside_the_embedded_engine_with_one_trainer_pro
     def flag(*extra: str) -> Path | None:
         return lend_flag_of(load_config(RLConfig, [], [*base, *extra]), tmp_path)
 
-    assert flag() == tmp_path / "trainer_waiting"
+    assert flag() == lend_flag_file(tmp_path)
+    assert flag().parent == heartbeat_file(tmp_path, "train").parent  # the launcher's folder
     assert flag("--lend_idle_cores", "false") is None
     assert flag("--inference.backend", "vllm") is None
     assert flag("--trainer.world_size", "2") is None

@@ -39,7 +39,7 @@ from asyncrl.launch.supervisor import (
 )
 from asyncrl.log import get_logger
 from asyncrl.processes import stop, wait_healthy
-from asyncrl.run.layout import config_file, heartbeat_file, log_file
+from asyncrl.run.layout import config_file, heartbeat_file, lend_flag_file, log_file
 from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
@@ -97,7 +97,7 @@ def lend_flag_of(config: RLConfig, output: Path) -> Path | None:
         and config.inference.backend == "embedded"
         and config.trainer.world_size == 1
     )
-    return output / "trainer_waiting" if lends else None
+    return lend_flag_file(output) if lends else None
 
 
 def deployment_reason(config: RLConfig) -> str:
@@ -142,6 +142,7 @@ def role_specs(
     gives it (none on a CPU-only machine)."""
     flag = lend_flag_of(config, output)
     if flag is not None:  # one a trainer that died while waiting left behind lends nothing now
+        flag.parent.mkdir(parents=True, exist_ok=True)
         flag.unlink(missing_ok=True)
     threads = thread_budget(config.deployment == "colocated", flag)
     shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}

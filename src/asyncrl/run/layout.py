@@ -11,6 +11,7 @@ and readers in different processes, so each is a constant here, and each path a 
       logs/<label>.log                launcher, each role's output -> you
       logs/roles.json                 Ray launcher: where each role ran, how it ended -> you
       heartbeats/<role>               each role, every second -> the supervisor (hang check)
+      heartbeats/trainer_waiting      while the trainer waits and lends its core (core_lending.py)
       .cluster_probe/<run id>/        Ray actors -> the launcher's shared-storage check
       run_<name>/                     the run directory:
         rollouts/step_N/batch.msgpack   orchestrator -> trainer (filesystem rollout transport)
@@ -145,6 +146,13 @@ def roles_record(output_dir: str | Path) -> Path:
 def heartbeat_file(output_dir: str | Path, role: str) -> Path:
     """Touched every second by `role` (`heartbeat.py`); the supervisor restarts a silent one."""
     return Path(output_dir) / HEARTBEATS_DIR / role
+
+
+def lend_flag_file(output_dir: str | Path) -> Path:
+    """Exists while the trainer waits for a batch and lends its core (`core_lending.py`): in
+    the heartbeats folder the launcher owns, so clearing a stale one never touches a user's
+    file."""
+    return Path(output_dir) / HEARTBEATS_DIR / "trainer_waiting"
 
 
 def cluster_probes_dir(output_dir: str | Path) -> Path:
