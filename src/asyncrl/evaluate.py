@@ -84,11 +84,23 @@ def generate_completions(
             eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
             **sampling,
+            **_stopping(batch, tokenizer),
         )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
         texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
         completions.extend(cut_at_stop(t, e.stop) for t, e in zip(texts, batch, strict=True))
     return completions
+
+
+def _stopping(batch: list[Example], tokenizer: PreTrainedTokenizerBase) -> dict[str, object]:
+    """Stop strings for `generate` when every example of the batch shares them: the batch ends
+    once each row has written one, not at `max_tokens` (a base model never writes EOS). The rows
+    are cut at the stop afterwards as before, and a finished row still draws its sample each
+    step, so the other rows' tokens, and every completion, are what they were without it."""
+    stops = {example.stop for example in batch}
+    if len(stops) != 1 or not (stop := stops.pop()):
+        return {}
+    return {"stop_strings": list(stop), "tokenizer": tokenizer}
 
 
 def evaluate(

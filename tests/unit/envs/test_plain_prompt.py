@@ -61,3 +61,24 @@ def test_eval_cuts_a_plain_completion_where_the_server_stops(tiny_model_dir: Pat
     texts = generate_completions(model, tokenizer, examples, max_tokens=24, temperature=1.0,
                                  batch_size=8, seed=0)  # fmt: skip
     assert len(texts) == 8 and not any("\n" in text for text in texts)
+
+
+def test_eval_stopping_early_at_the_newline_changes_no_completion(tiny_model_dir: Path) -> None:
+    """`generate` told the stop string ends a batch once every row wrote it; each completion must
+    still be the one a full-length generation cut at the stop gives (same seed)."""
+    env = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    examples = env.examples("eval", 8)
+    stopped = generate_completions(model, tokenizer, examples, max_tokens=48, temperature=1.5,
+                                   batch_size=8, seed=3)  # fmt: skip
+    torch.manual_seed(3)
+    tokenizer.padding_side = "left"
+    encoded = tokenizer([e.prompt_text for e in examples], return_tensors="pt", padding=True)
+    full = model.generate(**encoded, max_new_tokens=48, do_sample=True, temperature=1.5, top_k=0,
+                          top_p=1.0, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    texts = tokenizer.batch_decode(full[:, encoded["input_ids"].shape[1] :],
+                                   skip_special_tokens=True)  # fmt: skip
+    assert sum("\n" in text for text in texts) >= 2  # the stop is met, so the test can fail
+    assert stopped == [cut_at_stop(text, ("\n",)) for text in texts]
