@@ -2,10 +2,15 @@
 
 Every `eval.interval` steps (and at step 0 on the starting weights, `eval_base_model`), each
 environment's held-out split is generated with the eval sampling settings (greedy by default)
-and scored. An evaluation for step s starts once every server holds weights version >= s, runs
-as a background task whose requests join the rollout requests under a cap
+and scored. An evaluation for step s > 0 starts once every server holds weights version >= s,
+runs as a background task whose requests join the rollout requests under a cap
 (`eval.max_concurrent`), and never holds up a batch. The versions that produced its tokens are
 recorded: if a weight update lands mid-evaluation, `version_max` > `version` says so.
+
+Step 0's evaluation is the exception: it runs to the end before the first rollout, so every
+token of it is the starting policy's. Beside training it spanned the first updates, and a base
+model learns the answer's form in a few of them: Gemma 3 270M's step-0 record read 0.22 over
+versions 0-5 where the starting weights score 0.02.
 
 Results are `eval` records of `metrics.jsonl` at step s (`monitor/eval_records.py`).
 """
@@ -79,6 +84,13 @@ class OnlineEval:
             if following == resumed_at and config.skip_eval_on_resume
             else following
         )
+
+    async def evaluate_start(self) -> None:
+        """Step 0's evaluation, when due (a fresh run with `eval_base_model`), awaited before any
+        rollout: nothing trains while it runs, so it scores the starting weights alone."""
+        if self.next_step == 0:
+            self.next_step = self.config.interval
+            await self.evaluate(0)
 
     def start_due(self) -> None:
         """Start the evaluation of every due step the servers' weights have reached."""

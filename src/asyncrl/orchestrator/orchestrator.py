@@ -201,6 +201,7 @@ class Orchestrator:
                 lambda: self.weights.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
+            await self.evaluator.evaluate_start()
         spans = StepSpans()
         try:
             while config.max_steps is None or step <= config.max_steps:

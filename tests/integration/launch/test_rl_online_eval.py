@@ -21,10 +21,12 @@ from .wandb_offline import history
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 EVAL = {
-    "interval": 2, "num_examples": 6, "rollouts_per_example": 2,
+    "interval": 2, "num_examples": 6, "rollouts_per_example": 2, "max_concurrent": 1,
     "sampling": {"temperature": 1.0, "max_tokens": 10, "seed": 3},
     "env": [{"id": "arithmetic", "name": "sums"}],
 }  # fmt: skip
+# one eval request at a time: step 0's evaluation then outlasts the first training step, so a
+# step-0 record that did not hold the rollouts back would span version 1 (checked: it fails)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +57,7 @@ def test_eval_every_two_steps_records_steps_0_2_4_6_with_their_versions(run_dir:
             assert record[f"eval/{env}/num_examples"] == 6
             assert 0.0 <= record[f"eval/{env}/mean@2"] <= record[f"eval/{env}/best@2"] <= 1.0
         assert (mine[0][f"eval/{env}/version"], mine[-1][f"eval/{env}/version"]) == (0, 6)
+        assert mine[0][f"eval/{env}/version_max"] == 0  # the starting weights alone, not trained on
     trainer_steps = [r["step"] for r in read_metrics(run_dir / "metrics.jsonl", "trainer")]
     assert trainer_steps == [1, 2, 3, 4, 5, 6]  # evaluation took no training step away
 
