@@ -104,6 +104,13 @@ class BufferConfig(StrictModel):
         min_length=1,
         description="Example fields used for deduplication.",
     )
+    weight_duplicates: bool = Field(
+        True,
+        description="Draw an example as often as copies of it (by `hash_keys`) came from the "
+        "environment, so deduplication does not reweight the task: a generator's small items "
+        "repeat (reasoning-gym `products` of 1-2 digits: 89 distinct one-digit questions make "
+        "half of its items). false: every distinct example equally often.",
+    )
     skip_verification: bool = Field(
         False, description="Disable reward scoring (every reward is 0)."
     )

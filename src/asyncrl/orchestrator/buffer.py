@@ -1,8 +1,14 @@
 """The prompt buffer: which example to roll out next, and what a finished group says about it.
 
-- Examples come from each environment's train split, deduplicated by `hash_keys`.
+- Examples come from each environment's train split, deduplicated by `hash_keys`: one
+  example per key, the one the easy and hard pools track.
 - `env_ratios` weight the choice of environment; within one, examples cycle in a fresh random
-  order each pass.
+  order each pass, each as many times a pass as copies of it came (`weight_duplicates`): the
+  draws follow the environment's own distribution. Drawn once each, a generator's small items,
+  which repeat, would be drawn far less often than the environment makes them (reasoning-gym
+  `products` of 1-2 digits: half of its items are one-digit questions, 89 distinct ones; once
+  each, they were 3 % of the draws, and asyncrl trained on harder problems than TRL given the
+  same task and than the held-out set it was scored on).
 - After a group is scored: with `online_difficulty_filtering`, a group whose advantages are all
   0 (rewards all equal: all 0, all 1 or the same partial credit) teaches nothing and is dropped
   by the orchestrator (`orchestrator/dropped/no_signal`); a problem whose mean reward is at
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,15 +63,20 @@ class Buffer:
         self.config = config
         self.rng = random.Random(config.seed if config.seed is not None else seed)
         self.examples: list[list[Example]] = []
+        self.copies: list[list[int]] = []  # per environment, per example: draws in a pass
         for env in envs:
             unique: dict[str, Example] = {}
+            copies: Counter[str] = Counter()
             drawn = env.examples("train", pool_size)
             for example in drawn:
-                unique.setdefault(example_key(example, config.hash_keys), example)
+                key = example_key(example, config.hash_keys)
+                unique.setdefault(key, example)
+                copies[key] += 1
             self.examples.append(list(unique.values()))
+            self.copies.append([copies[key] if config.weight_duplicates else 1 for key in unique])
             if len(unique) < len(drawn) / 2 and "answer" not in config.hash_keys:
                 logger.warning(  # a game whose prompt hides its answer: one prompt, many games
-                    "buffer: %d of %d %s examples are duplicates by %s and are dropped; if "
+                    "buffer: %d of %d %s examples are duplicates by %s (one kept per key); if "
                     "examples that look alike differ in what the environment hides, add "
                     "'answer' to orchestrator.buffer.hash_keys",
                     len(drawn) - len(unique), len(drawn), env.name, config.hash_keys,
@@ -79,10 +91,10 @@ class Buffer:
 
     def draw(self) -> Drawn:
         env_index = self.rng.choices(range(len(self.examples)), weights=self.ratios)[0]
-        pool = self.examples[env_index]
-        for _ in range(2 * len(pool) + 1):
+        pool, copies = self.examples[env_index], self.copies[env_index]
+        for _ in range(2 * sum(copies) + 1):
             if not self._order[env_index]:
-                order = list(range(len(pool)))
+                order = [index for index, count in enumerate(copies) for _ in range(count)]
                 self.rng.shuffle(order)
                 self._order[env_index] = order
             example = pool[self._order[env_index].pop()]

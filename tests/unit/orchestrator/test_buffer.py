@@ -37,6 +37,24 @@ def test_duplicates_are_dropped_by_hash_keys() -> None:
     assert len(by_id.examples[0]) == 4
 
 
+def test_an_example_is_drawn_as_often_as_copies_of_it_came() -> None:
+    """Deduplication keeps one example per key and the environment's distribution: "x" came
+    twice in four, so it is half of every pass; without `weight_duplicates`, a third."""
+    env = ListEnv("a", ["x", "y", "x", "z"])
+    weighted = make(BufferConfig(), env)
+    assert Counter(text(weighted.draw()) for _ in range(4)) == {"x": 2, "y": 1, "z": 1}
+    assert Counter(text(weighted.draw()) for _ in range(4000))["x"] == 2000  # 1000 passes
+    uniform = make(BufferConfig(weight_duplicates=False), env)
+    assert Counter(text(uniform.draw()) for _ in range(3)) == {"x": 1, "y": 1, "z": 1}
+
+
+def test_a_duplicated_example_in_the_easy_pool_is_not_drawn_at_all() -> None:
+    buffer = make(BufferConfig(easy_threshold=0.9), ListEnv("a", ["x", "y", "x"]))
+    drawn = next(d for d in iter(buffer.draw, None) if text(d) == "x")
+    buffer.record(drawn, [1.0, 1.0])
+    assert {text(buffer.draw()) for _ in range(20)} == {"y"}
+
+
 def test_a_pool_mostly_dropped_as_duplicates_is_reported_with_the_key_to_change(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
