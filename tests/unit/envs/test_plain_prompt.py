@@ -4,12 +4,14 @@ first newline, the same in `asyncrl rl` (the server stops) and `asyncrl eval` (c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.envs.base import Example
 from asyncrl.envs.plain_prompt import PlainPromptError, cut_at_stop, plain_prompt
 from asyncrl.evaluate import generate_completions
 from asyncrl.orchestrator.buffer import Drawn
@@ -51,13 +53,17 @@ def test_plain_examples_go_to_the_completions_route_as_text_and_stop_at_a_newlin
     assert route == "chat/completions" and "stop" not in body and chat.prompt_text is None
 
 
+def tiny_model_and_plain_examples(model_dir: Path) -> tuple[Any, Any, list[Example]]:
+    """The tiny model, its tokenizer and 8 held-out chain_sum prompts in the plain form."""
+    env = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return model, AutoTokenizer.from_pretrained(model_dir), env.examples("eval", 8)
+
+
 def test_eval_cuts_a_plain_completion_where_the_server_stops(tiny_model_dir: Path) -> None:
     assert cut_at_stop(" 7\nQuestion: What", ("\n",)) == " 7"
     assert cut_at_stop(" 7", ("\n",)) == " 7"
-    env = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    examples = env.examples("eval", 8)
+    model, tokenizer, examples = tiny_model_and_plain_examples(tiny_model_dir)
     texts = generate_completions(model, tokenizer, examples, max_tokens=24, temperature=1.0,
                                  batch_size=8, seed=0)  # fmt: skip
     assert len(texts) == 8 and not any("\n" in text for text in texts)
@@ -66,10 +72,7 @@ def test_eval_cuts_a_plain_completion_where_the_server_stops(tiny_model_dir: Pat
 def test_eval_stopping_early_at_the_newline_changes_no_completion(tiny_model_dir: Path) -> None:
     """`generate` told the stop string ends a batch once every row wrote it; each completion must
     still be the one a full-length generation cut at the stop gives (same seed)."""
-    env = ReasoningGymEnv("chain_sum", prompt_format="plain", **CHAIN_SUM)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    examples = env.examples("eval", 8)
+    model, tokenizer, examples = tiny_model_and_plain_examples(tiny_model_dir)
     stopped = generate_completions(model, tokenizer, examples, max_tokens=48, temperature=1.5,
                                    batch_size=8, seed=3)  # fmt: skip
     torch.manual_seed(3)
