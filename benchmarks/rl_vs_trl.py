@@ -201,6 +201,14 @@ def run_trl(
     return Run("trl", seed, snapshots, steps, decomposition, {"trl": str(recorded["threads"])})
 
 
+def _same_setting(then: Any, now: Any) -> bool:
+    """Equal, or, for a per-contestant table (snapshot intervals, variants), equal wherever both
+    races had the contestant: a race may add a variant to an earlier one, never change one."""
+    if isinstance(then, dict) and isinstance(now, dict):
+        return all(then[name] == now[name] for name in then.keys() & now.keys())
+    return bool(then == now)
+
+
 def earlier_runs(
     merge: Path | None, settings_key: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
@@ -215,7 +223,7 @@ def earlier_runs(
     except (OSError, ValueError, KeyError) as error:
         raise SystemExit(f"--merge {merge}: not a race.json ({error})") from error
     differing = {key: (report["settings"].get(key), value) for key, value in settings_key.items()
-                 if report["settings"].get(key) != value}  # fmt: skip
+                 if not _same_setting(report["settings"].get(key), value)}  # fmt: skip
     if differing:
         raise SystemExit(f"--merge {merge}: raced with other settings (then, now): {differing}")
     return list(runs), report["start"]
