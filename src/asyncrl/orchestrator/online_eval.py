@@ -87,10 +87,15 @@ class OnlineEval:
 
     async def evaluate_start(self) -> None:
         """Step 0's evaluation, when due (a fresh run with `eval_base_model`), awaited before any
-        rollout: nothing trains while it runs, so it scores the starting weights alone."""
+        rollout: nothing trains while it runs, so it scores the starting weights alone. Its
+        failure is logged and the run goes on, as a later evaluation's is: a score is worth
+        less than the training it would stop."""
         if self.next_step == 0:
             self.next_step = self.config.interval
-            await self.evaluate(0)
+            try:
+                await self.evaluate(0)
+            except Exception as error:  # any failure of a scoring is only logged
+                logger.error("online eval failed: %s", error)
 
     def start_due(self) -> None:
         """Start the evaluation of every due step the servers' weights have reached."""

@@ -201,9 +201,10 @@ class Orchestrator:
                 lambda: self.weights.request_model, OnlineEval.first_step(config.eval, step - 1),
                 config.max_steps,
             )  # fmt: skip
-            await self.evaluator.evaluate_start()
         spans = StepSpans()
         try:
+            if self.evaluator is not None:  # inside: a cancel here still closes pools, clients
+                await self.evaluator.evaluate_start()
             while config.max_steps is None or step <= config.max_steps:
                 with spans.span("wait_weights"):
                     await self.weights.sync(need=step - 1 - config.max_async_level)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
@@ -65,3 +67,22 @@ def test_eval_asks_with_its_own_sampling_not_the_training_settings_it_does_not_n
     assert (body["top_k"], body["min_tokens"], body["repetition_penalty"]) == (-1, 0, 1.0)
     assert played.config.filters == [] and played.config.advantage.type == "default"
     assert not played.config.buffer.skip_verification
+
+
+def test_a_failed_step_0_evaluation_is_logged_and_the_run_goes_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A scoring that raises (a dead eval target, a reward that fails) must not stop training:
+    step 0's evaluation is awaited, so its error would otherwise end the run."""
+    evaluator = OnlineEval(
+        EvalConfig(interval=10), [], None, None, lambda: "m", 0, None  # type: ignore[arg-type]
+    )
+
+    async def fails(step: int) -> None:
+        raise RuntimeError(f"eval target unreachable at step {step}")
+
+    monkeypatch.setattr(evaluator, "evaluate", fails)
+    with caplog.at_level("ERROR"):
+        asyncio.run(evaluator.evaluate_start())
+    assert evaluator.next_step == 10
+    assert "online eval failed: eval target unreachable at step 0" in caplog.text
