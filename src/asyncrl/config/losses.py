@@ -69,6 +69,8 @@ MASKED_IS_KEYS = frozenset({
     "sequence_clip_high",
 })  # fmt: skip
 CLIPPED_KEYS = frozenset({"epsilon", "epsilon_high", "beta", "kl_estimator"})
+# the clipped token losses also say what their ratio is against (gspo's is per sequence: its own)
+PROXIMAL_KEYS = CLIPPED_KEYS | {"clip_against", "behaviour_weight_cap"}
 BETA = frozenset({"beta"})
 
 BUILT_IN: dict[str, LossSpec] = {
@@ -83,9 +85,9 @@ BUILT_IN: dict[str, LossSpec] = {
             MASKED_IS_KEYS,
             frozenset({"kl_tau", "teacher_tau"}),
         ),
-        LossSpec("grpo_clip", f"{OBJECTIVES}:clipped_loss", "sequence", CLIPPED_KEYS, BETA),
-        LossSpec("dr_grpo", f"{OBJECTIVES}:clipped_loss", "constant", CLIPPED_KEYS, BETA),
-        LossSpec("dapo", f"{OBJECTIVES}:clipped_loss", "token", CLIPPED_KEYS, BETA),
+        LossSpec("grpo_clip", f"{OBJECTIVES}:clipped_loss", "sequence", PROXIMAL_KEYS, BETA),
+        LossSpec("dr_grpo", f"{OBJECTIVES}:clipped_loss", "constant", PROXIMAL_KEYS, BETA),
+        LossSpec("dapo", f"{OBJECTIVES}:clipped_loss", "token", PROXIMAL_KEYS, BETA),
         LossSpec("gspo", f"{OBJECTIVES}:gspo_loss", "sequence", CLIPPED_KEYS, BETA),
         LossSpec("cispo", f"{OBJECTIVES}:cispo_loss", "token", CLIPPED_KEYS, BETA),
     )

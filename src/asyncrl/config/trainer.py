@@ -82,6 +82,22 @@ class LossConfig(StrictModel):
         "gradient is zero in expectation: no pull at all), k2 = ½(log r)² (gradient of "
         "KL(π‖π_ref)), k3 = r - 1 - log r (gradient of KL(π_ref‖π)).",
     )
+    clip_against: Literal["proximal", "inference"] = Field(
+        "proximal",
+        description="(grpo_clip, dapo, dr_grpo) What the clipped ratio r compares the policy "
+        "with. `proximal`: the trainer's own weights at the start of the batch's updates (as "
+        "TRL, verl and AReaL's decoupled PPO), so clipping bounds this step's move only; the "
+        "sampler having been another policy (a stale version, the engine's numerics) is "
+        "corrected by the token weight min(π_prox/π_inf, behaviour_weight_cap). `inference`: "
+        "the policy that sampled the tokens, so a batch sampled one version behind is clipped "
+        "where the last update moved it most.",
+    )
+    behaviour_weight_cap: float = Field(
+        3.0,
+        gt=0,
+        description="(clip_against: proximal) Cap of a token's importance weight π_prox/π_inf "
+        "(truncated importance sampling; TRL's cap for its vLLM correction is 3).",
+    )
     dr_grpo_length: Literal["max_tokens", "longest"] = Field(
         "max_tokens",
         description="(dr_grpo) L in the constant normaliser 1/(sequences · L): `max_tokens` = "

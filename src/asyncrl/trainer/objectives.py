@@ -15,8 +15,12 @@ Formulas (lp = trainer logprob, lp_inf = inference logprob, r = exp(lp − lp_in
   A token is dropped when r leaves [token_mask_low, token_mask_high]; a whole sequence when its
   geometric-mean ratio leaves [geo_mask_low, geo_mask_high], or its min / max token ratio falls
   below sequence_mask_low / rises above sequence_mask_high.
-- grpo_clip, dapo, dr_grpo: ℓ = −min(r·A, clip(r, 1−ε, 1+ε_high)·A) + β·KL(lp, lp_ref), KL by
+- grpo_clip, dapo, dr_grpo: ℓ = −w·min(ρ·A, clip(ρ, 1−ε, 1+ε_high)·A) + β·KL(lp, lp_ref), KL by
   estimator k1 = lp − lp_ref, k2 = ½(lp − lp_ref)², k3 = exp(lp_ref − lp) − (lp_ref − lp) − 1.
+  `clip_against: proximal` (the default): ρ = exp(lp − lp_prox), lp_prox the trainer's logprob
+  at the start of the batch's updates (= sg[lp] on the first, so ρ = 1 there and the gradient
+  is w·A·∇lp), w = sg[min(exp(lp_prox − lp_inf), behaviour_weight_cap)]. `inference`: ρ = r,
+  w = 1 — a stale batch's tokens the last update moved most are clipped out.
 - gspo: s_i = exp(mean_t(lp − lp_inf)) per sequence, ℓ_i = −min(s_i·A_i, clip(s_i)·A_i), spread
   over the sequence's tokens (plus β·KL per token).
 - cispo: ℓ = −sg[min(r, 1+ε_high)] · A · lp (plus β·KL).
@@ -42,6 +46,9 @@ class LossInputs:
     sequence_ids: torch.Tensor  # [T] long, 0..S-1
     token_weights: torch.Tensor  # [T] step-level normalisation
     ref_logprobs: torch.Tensor | None = None  # [T] reference model, for β·KL
+    # [T] the trainer's policy at the start of this batch's updates; None on the first update,
+    # where it is the current logprobs themselves (the weights have not moved yet)
+    proximal_logprobs: torch.Tensor | None = None
 
 
 @dataclass
@@ -109,13 +116,25 @@ def masked_is_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
 
 
 def clipped_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    """grpo_clip, dapo and dr_grpo: one objective, different normalisations."""
-    ratio = torch.exp(inputs.logprobs - inputs.inference_logprobs)
+    """grpo_clip, dapo and dr_grpo: one objective, different normalisations. Clipping is
+    against the proximal policy by default: it bounds how far this batch's updates move the
+    policy, while the sampler's distance from it (staleness under asynchrony) is an importance
+    weight, not a reason to drop a token's gradient."""
+    if config.clip_against == "proximal":
+        proximal = inputs.proximal_logprobs
+        if proximal is None:
+            proximal = inputs.logprobs.detach()
+        ratio = torch.exp(inputs.logprobs - proximal)
+        behaviour = torch.exp(proximal - inputs.inference_logprobs)
+        weight = behaviour.clamp(max=config.behaviour_weight_cap).detach()
+    else:
+        ratio = torch.exp(inputs.logprobs - inputs.inference_logprobs)
+        weight = torch.ones_like(ratio)
     low, high = 1.0 - config.epsilon, 1.0 + (config.epsilon_high or config.epsilon)
     advantages = inputs.advantages
     unclipped = ratio * advantages
     clipped = ratio.clamp(low, high) * advantages
-    per_token = -torch.minimum(unclipped, clipped) + config.beta * _kl(inputs, config)
+    per_token = -weight * torch.minimum(unclipped, clipped) + config.beta * _kl(inputs, config)
     was_clipped = ((ratio < low) & (advantages < 0)) | ((ratio > high) & (advantages > 0))
     return LossOutput(
         (per_token * inputs.token_weights).sum(), clipped_tokens=int(was_clipped.sum())

@@ -256,9 +256,12 @@ def train_step(
         stats.step_time = time.perf_counter() - started
         stats.reduce(ranks)
         return stats
+    # each micro-batch's logprobs under the weights the batch started from: the proximal
+    # policy of the updates after the first (`clip_against: proximal`)
+    proximal: dict[int, torch.Tensor] = {}
     for iteration in range(config.num_iterations):
         total_loss = 0.0
-        for mb in micro_batches:
+        for index, mb in enumerate(micro_batches):
             if not mb.num_loss_tokens:
                 if ranks.distributed:
                     zero_weight_pass(model, config, device)
@@ -274,9 +277,12 @@ def train_step(
                     sequence_ids=mb.sequence_ids,
                     token_weights=mb.token_weights,
                     ref_logprobs=reference_logprobs,
+                    proximal_logprobs=proximal.get(index),
                 ),
                 config.loss,
             )
+            if iteration == 0 and config.num_iterations > 1:
+                proximal[index] = current.logprobs.detach()
             output.loss.backward()
             total_loss += output.loss.item()
             if iteration == 0:

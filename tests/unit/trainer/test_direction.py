@@ -61,3 +61,36 @@ def test_a_step_raises_good_completions_and_lowers_bad_ones(
     after = sequence_logprobs()
     assert after[0] > before[0] + 0.01  # the good completion became likelier
     assert after[1] < before[1] - 0.01  # the bad one less likely
+
+
+def test_later_updates_of_a_batch_clip_against_the_policy_it_started_from(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `num_iterations: 2` the second update's proximal logprobs are the first update's
+    (the weights the batch started from), not the moved weights' own."""
+    import asyncrl.trainer.train as train_module
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    batch = TrainingBatch(1, [sample([70, 71, 72], 1.0, [-4.0] * 3),
+                              sample([80, 81, 82], -1.0, [-4.0] * 3)])  # fmt: skip
+    config = TrainerConfig(
+        model=str(tiny_model_dir), lora=False, optimizer="adamw", recipe="fp32",
+        learning_rate=1e-2, num_iterations=2, loss={"type": "grpo_clip"},
+    )  # fmt: skip
+    seen: list[tuple[torch.Tensor | None, torch.Tensor]] = []
+    real = train_module.compute_loss
+
+    def recording(inputs, loss_config):  # type: ignore[no-untyped-def]
+        seen.append((inputs.proximal_logprobs, inputs.logprobs.detach().clone()))
+        return real(inputs, loss_config)
+
+    monkeypatch.setattr(train_module, "compute_loss", recording)
+    optimizer = build_optimizer(model, config)
+    scheduler = build_scheduler(optimizer, config, 2)
+    micro_batches = build_micro_batches(batch, 32, 4, 0, "sequence")
+    train_step(model, None, optimizer, scheduler, micro_batches, config, version=0)
+    (first_proximal, first), (second_proximal, second) = seen
+    assert first_proximal is None  # the first update: the current logprobs themselves
+    assert second_proximal is not None and torch.equal(second_proximal, first)
+    assert not torch.allclose(second, first)  # the weights did move in between

@@ -37,6 +37,7 @@ def ours(data: dict[str, torch.Tensor], config: LossConfig) -> tuple[float, torc
             NORMALISATION[config.type], lengths, sum(LENGTHS), len(LENGTHS), max(LENGTHS)
         ).repeat_interleave(lengths),
         ref_logprobs=data["ref"],
+        proximal_logprobs=data.get("prox"),
     )
     output = compute_loss(inputs, config)
     output.loss.backward()
@@ -88,9 +89,14 @@ def reference_clipped(data: dict[str, torch.Tensor], c: LossConfig) -> tuple[tor
     clipped = 0
     for tokens in sequences():
         for t in tokens:
-            ratio = torch.exp(lp[t] - data["inf"][t])
+            if c.clip_against == "proximal":  # the batch's starting policy; w corrects the sampler
+                proximal = lp[t].detach() if data.get("prox") is None else data["prox"][t]
+                ratio = torch.exp(lp[t] - proximal)
+                weight = min(math.exp(float(proximal - data["inf"][t])), c.behaviour_weight_cap)
+            else:
+                ratio, weight = torch.exp(lp[t] - data["inf"][t]), 1.0
             advantage = data["adv"][t]
-            term = -torch.minimum(
+            term = -weight * torch.minimum(
                 ratio * advantage, ratio.clamp(1 - c.epsilon, 1 + high) * advantage
             )
             if (ratio < 1 - c.epsilon and advantage < 0) or (ratio > 1 + high and advantage > 0):
@@ -165,24 +171,57 @@ def test_masked_is_matches_reference(name: str) -> None:
         assert 0 < masked < sum(LENGTHS)  # the mask under test really fired, and not on all
 
 
+INFERENCE = {"clip_against": "inference"}
+# (config, whether a later update's proximal logprobs are given); clipping fires in each case
+# but the first update against the proximal policy, where the ratio is 1
 CLIPPED_CASES = {
-    "grpo_clip_k3": {"type": "grpo_clip", "epsilon": 0.2, "beta": 0.04, "kl_estimator": "k3"},
-    "grpo_clip_k1": {"type": "grpo_clip", "epsilon": 0.2, "beta": 0.1, "kl_estimator": "k1"},
-    "grpo_clip_k2": {"type": "grpo_clip", "epsilon": 0.2, "beta": 0.1, "kl_estimator": "k2"},
-    "dapo_clip_higher": {"type": "dapo", "epsilon": 0.2, "epsilon_high": 0.28},
-    "dr_grpo": {"type": "dr_grpo", "epsilon": 0.2},
+    "grpo_clip_k3": ({"type": "grpo_clip", "beta": 0.04, "kl_estimator": "k3", **INFERENCE}, False),
+    "grpo_clip_k1": ({"type": "grpo_clip", "beta": 0.1, "kl_estimator": "k1", **INFERENCE}, False),
+    "grpo_clip_k2": ({"type": "grpo_clip", "beta": 0.1, "kl_estimator": "k2", **INFERENCE}, False),
+    "dapo_clip_higher": ({"type": "dapo", "epsilon_high": 0.28, **INFERENCE}, False),
+    "dr_grpo": ({"type": "dr_grpo", **INFERENCE}, False),
+    "grpo_clip_proximal_first_update": ({"type": "grpo_clip", "beta": 0.04}, False),
+    "dapo_proximal_later_update": (
+        {"type": "dapo", "epsilon_high": 0.28, "behaviour_weight_cap": 1.3},
+        True,
+    ),
+    "dr_grpo_proximal_later_update": ({"type": "dr_grpo"}, True),
 }
 
 
 @pytest.mark.parametrize("name", list(CLIPPED_CASES))
 def test_clipped_losses_match_reference(name: str) -> None:
-    config = LossConfig(**CLIPPED_CASES[name])
+    overrides, later_update = CLIPPED_CASES[name]
+    config = LossConfig(**overrides)
     data = case(seed=2, spread=0.4)
+    if later_update:  # the weights moved since the batch's first update
+        data["prox"] = data["lp"] + 0.3 * torch.randn(
+            sum(LENGTHS), generator=torch.Generator().manual_seed(9), dtype=torch.float64
+        )
     value, grad, output = ours(data, config)
     expected, expected_grad, clipped = reference_clipped(data, config)
     assert value == pytest.approx(expected.item(), abs=1e-6)
     assert torch.allclose(grad, expected_grad, atol=1e-6)
-    assert output.clipped_tokens == clipped > 0  # clipping fired in this case
+    first_proximal = config.clip_against == "proximal" and not later_update
+    assert output.clipped_tokens == clipped and (clipped == 0) == first_proximal
+
+
+def test_a_stale_token_keeps_its_gradient_when_clipping_is_against_the_proximal_policy() -> None:
+    """A token sampled one version behind whose probability the last update raised by half
+    (ratio 1.5 to the sampler, A > 0): clipped against the sampler it teaches nothing; against
+    the proximal policy its gradient is A·w·∇lp with w = 1.5. On policy (ratio 1) the two agree."""
+    for sampler_ratio, proximal_grad, inference_grad in [(1.5, -1.5, 0.0), (1.0, -1.0, -1.0)]:
+        grads = []
+        for against in ["proximal", "inference"]:
+            lp = torch.tensor([0.0], dtype=torch.float64, requires_grad=True)
+            inputs = LossInputs(
+                lp, torch.tensor([-math.log(sampler_ratio)], dtype=torch.float64),
+                torch.ones(1, dtype=torch.float64), torch.tensor([0]),
+                torch.ones(1, dtype=torch.float64),
+            )  # fmt: skip
+            compute_loss(inputs, LossConfig(type="grpo_clip", clip_against=against)).loss.backward()
+            grads.append(lp.grad.item())
+        assert grads == pytest.approx([proximal_grad, inference_grad])
 
 
 def test_clip_higher_hand_worked() -> None:
@@ -205,10 +244,10 @@ def test_clip_higher_hand_worked() -> None:
         output.loss.backward()
         return output.loss.item(), lp.grad, output.clipped_tokens
 
-    value, grad, clipped = run(LossConfig(type="dapo", epsilon=0.2))
+    value, grad, clipped = run(LossConfig(type="dapo", epsilon=0.2, **INFERENCE))
     assert clipped == 2 and value == pytest.approx(0.5 * (-1.2 + 0.8))
     assert grad.tolist() == [0.0, 0.0]
-    value, grad, clipped = run(LossConfig(type="dapo", epsilon=0.2, epsilon_high=0.3))
+    value, grad, clipped = run(LossConfig(type="dapo", epsilon=0.2, epsilon_high=0.3, **INFERENCE))
     assert clipped == 1 and value == pytest.approx(0.5 * (-1.25 + 0.8))
     assert grad[0].item() == pytest.approx(-0.5 * 1.25) and grad[1].item() == 0.0  # d(r)/d(lp) = r
 
