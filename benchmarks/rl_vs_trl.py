@@ -307,7 +307,10 @@ def main() -> None:
         help="training prompts TRL's dataset holds (a small reasoning-gym task holds fewer)",
     )  # fmt: skip
     parser.add_argument("--prompts", type=int, default=1024, help="held-out prompts scored")
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument(
+        "--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS),
+        help="built-in contestants to run (none: only the --variant ones)",
+    )  # fmt: skip
     parser.add_argument(
         "--variant", type=variant, action="append", default=[],
         metavar="NAME:KEY=VALUE[,KEY=VALUE]",
@@ -338,6 +341,8 @@ def main() -> None:
     contestants = {"asyncrl": [], "asyncrl-onpolicy": ONPOLICY, "trl": []}
     contestants.update(args.variant)
     systems = args.systems + [name for name, _ in args.variant]
+    if not systems:
+        raise SystemExit("nothing to race: name --systems or a --variant")
     every.update({name: every["asyncrl"] for name, _ in args.variant})
     if "trl" in systems:
         trl_loss_arguments(settings.trainer.loss)  # before any run: TRL must race the same loss
