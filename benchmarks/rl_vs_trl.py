@@ -214,7 +214,8 @@ def earlier_runs(
 ) -> tuple[list[dict[str, Any]], dict[str, float] | None]:
     """The runs of an earlier race to report with this one's, after checking it raced the same
     way (budget, snapshot intervals, prompts scored, config): a run is only comparable to another
-    under the same settings. Returns the runs and the SFT score it measured."""
+    under the same settings; the contestant tables of `settings_key` gain the earlier ones.
+    Returns the runs and the SFT score it measured."""
     if merge is None:
         return [], None
     try:
@@ -226,6 +227,8 @@ def earlier_runs(
                  if not _same_setting(report["settings"].get(key), value)}  # fmt: skip
     if differing:
         raise SystemExit(f"--merge {merge}: raced with other settings (then, now): {differing}")
+    for table in ("every", "variants"):  # the report names every contestant, the earlier ones too
+        settings_key[table] = {**report["settings"].get(table, {}), **settings_key[table]}
     return list(runs), report["start"]
 
 
