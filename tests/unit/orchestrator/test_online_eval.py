@@ -75,8 +75,8 @@ def test_a_failed_step_0_evaluation_is_logged_and_the_run_goes_on(
     """A scoring that raises (a dead eval target, a reward that fails) must not stop training:
     step 0's evaluation is awaited, so its error would otherwise end the run."""
     evaluator = OnlineEval(
-        EvalConfig(interval=10), [], None, None, lambda: "m", 0, None  # type: ignore[arg-type]
-    )
+        EvalConfig(interval=10), [], None, None, lambda: "m", 0, None,  # type: ignore[arg-type]
+    )  # fmt: skip
 
     async def fails(step: int) -> None:
         raise RuntimeError(f"eval target unreachable at step {step}")
