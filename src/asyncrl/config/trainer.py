@@ -84,7 +84,7 @@ class LossConfig(StrictModel):
     )
     clip_against: Literal["proximal", "inference"] = Field(
         "proximal",
-        description="(grpo_clip, dapo, dr_grpo) What the clipped ratio r compares the policy "
+        description="(grpo_clip, dapo, dr_grpo) What the clipped ratio ρ compares the policy "
         "with. `proximal`: the trainer's own weights at the start of the batch's updates (as "
         "TRL, verl and AReaL's decoupled PPO), so clipping bounds this step's move only; the "
         "sampler having been another policy (a stale version, the engine's numerics) is "
