@@ -1,6 +1,6 @@
 """`deployment: colocated`: one process trains and serves. Six on-policy steps on the tiny model
 with weights synced in memory: no broadcast directory but at checkpoints, the sampler's
-logprobs equal the trainer's on every step, and `/weight_info` moves up one version per step."""
+logprobs equal the trainer's on every step, and each step's weights are installed in memory."""
 
 from __future__ import annotations
 
@@ -59,8 +59,13 @@ def test_colocated_run_syncs_weights_in_memory_every_step(
     run = output / "run_default"
     # weights went to disk only at the checkpoints (steps 3 and 6), for export
     assert sorted(p.name for p in (run / "broadcasts").glob("step_*")) == ["step_3", "step_6"]
-    assert versions == sorted(versions) and versions[-1] == STEPS
-    assert set(versions) <= set(range(STEPS + 1))
+    # the server is polled every 20 ms, so it can publish the last version and shut down between
+    # two polls: the versions seen only climb, and the log says each one was installed in memory
+    assert versions == sorted(versions) and set(versions) <= set(range(STEPS + 1))
+    assert len(versions) > 1 and versions[-1] >= STEPS - 1, versions
+    train_log = (output / "logs" / "train.log").read_text()
+    for version in range(1, STEPS + 1):
+        assert f"installed weights version {version} (memory)" in train_log
     trainer = read_metrics(run / "metrics.jsonl", role="trainer")
     orchestrator = read_metrics(run / "metrics.jsonl", role="orchestrator")
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
@@ -72,5 +77,4 @@ def test_colocated_run_syncs_weights_in_memory_every_step(
     for record in trainer:
         assert record["inference/kv_cache_bytes"] > 0
         assert record["colocated/kv_cache_freed_bytes"] == record["inference/kv_cache_bytes"]
-    assert "installed weights version 6 (memory)" in (output / "logs" / "train.log").read_text()
     assert not survivors(str(output))
