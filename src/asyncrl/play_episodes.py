@@ -32,7 +32,7 @@ def play_episodes(
     `max_tokens` is per model turn."""
     torch.manual_seed(seed)
     tokens = EpisodeTokens(tokenizer)
-    end_of_turn = tokenizer.eos_token_id
+    end_of_turn = tokens.end_of_turn
     conversations = [list(example.prompt) for example in examples]
     ids = [tokens.prompt_ids(example.prompt) for example in examples]
     playing = list(range(len(examples)))
@@ -41,7 +41,7 @@ def play_episodes(
         for start in range(0, len(playing), batch_size):
             chunk = playing[start : start + batch_size]
             outputs = generate_turn(
-                model, tokenizer, [ids[i] for i in chunk], max_tokens, temperature
+                model, tokenizer, [ids[i] for i in chunk], max_tokens, temperature, end_of_turn
             )
             turns.update(zip(chunk, outputs, strict=True))
         still_playing = []
@@ -70,6 +70,7 @@ def generate_turn(
     prompts: list[list[int]],
     max_tokens: int,
     temperature: float,
+    end_of_turn: int,
 ) -> list[list[int]]:
     """One turn per prompt (left-padded into one batch): its new ids up to and including the
     end-of-turn token."""
@@ -86,12 +87,12 @@ def generate_turn(
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_tokens,
-        eos_token_id=tokenizer.eos_token_id,
+        eos_token_id=end_of_turn,
         pad_token_id=pad,
         **sampling,
     )
     turns = []
     for row in output[:, width:].tolist():
-        end = row.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in row else len(row)
+        end = row.index(end_of_turn) + 1 if end_of_turn in row else len(row)
         turns.append(row[:end])
     return turns

@@ -28,20 +28,53 @@ class SuffixError(ValueError):
     """The chat template cannot continue a conversation by appending tokens."""
 
 
+def render_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: Messages, generation_prompt: bool
+) -> list[int]:
+    """The chat template's rendering of `messages` as token ids."""
+    ids: Any = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def turn_closing_token(tokenizer: PreTrainedTokenizerBase) -> int:
+    """The token that closes a model turn: the tokenizer's EOS where the chat template closes an
+    assistant turn with it (most chat models), else the first special token the template puts
+    after the assistant's words — Gemma 3's instruction-tuned template closes a turn with
+    `<end_of_turn>` while its tokenizer's EOS is `<eos>`. Without a template, the EOS."""
+    eos = tokenizer.eos_token_id
+    if not getattr(tokenizer, "chat_template", None):
+        return eos
+
+    header = render_ids(tokenizer, STAND_IN[:1], generation_prompt=True)
+    whole = render_ids(tokenizer, STAND_IN, generation_prompt=False)
+    if whole[: len(header)] != header:
+        return eos  # the template's own oddity: `EpisodeTokens.check` names it
+    turn = whole[len(header) :]
+    special = set(tokenizer.all_special_ids) | {
+        token for token, added in tokenizer.added_tokens_decoder.items() if added.special
+    }
+    if eos in turn or not any(token in special for token in turn):
+        return eos
+    return next(token for token in turn if token in special)
+
+
 class EpisodeTokens:
     def __init__(self, tokenizer: PreTrainedTokenizerBase) -> None:
         self.tokenizer = tokenizer
-        self.end_of_turn = tokenizer.eos_token_id
+        self.end_of_turn = turn_closing_token(tokenizer)
+
+    @property
+    def stop_token_ids(self) -> list[int]:
+        """What a request for a model turn adds to the servers' own stops (the model's EOS
+        tokens): the turn's closing token, where it is not the tokenizer's EOS."""
+        return [] if self.end_of_turn == self.tokenizer.eos_token_id else [self.end_of_turn]
 
     @cached_property
     def _stand_in(self) -> list[int]:
         return self.render(STAND_IN, generation_prompt=False)
 
     def render(self, messages: Messages, generation_prompt: bool) -> list[int]:
-        ids: Any = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=generation_prompt
-        )
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        return render_ids(self.tokenizer, messages, generation_prompt)
 
     def prompt_ids(self, messages: Messages) -> list[int]:
         """The first turn's prompt: the example's messages and the generation header."""

@@ -163,6 +163,8 @@ def first_turn(
     body.update(
         prompt=prompt_ids, logprobs=0, max_tokens=min(budget, config.sampling.max_tokens or budget)
     )
+    if setting.tokens.stop_token_ids:  # a turn closed by a token other than the EOS
+        body["stop_token_ids"] = setting.tokens.stop_token_ids
     return "completions", body, prompt_ids
 
 
@@ -207,6 +209,8 @@ async def play(
         episode.cut_turns += bool(closing)
         episode.add_environment(reply.messages, suffix)
         body = turn_body(request, config, episode, index, budget)
+        if setting.tokens.stop_token_ids:
+            body["stop_token_ids"] = setting.tokens.stop_token_ids
         version = setting.clients.oldest_version()  # for every token if the server reports none
         episode.server, (choice,), _ = await generate(
             setting.clients, "completions", body, 1, episode.server, setting.abort_retries

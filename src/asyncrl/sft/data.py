@@ -45,7 +45,7 @@ def episode_sample(
             loss_mask += [False] * len(suffix)
             pending = []
         turn = [*tokenizer(message["content"], add_special_tokens=False)["input_ids"]]
-        turn.append(tokenizer.eos_token_id)
+        turn.append(tokens.end_of_turn)
         input_ids += turn
         marked = message.get(UNTRAINED, "false")
         if marked not in ("true", "false"):

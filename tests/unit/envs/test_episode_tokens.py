@@ -39,7 +39,7 @@ def appended(
     """prompt, then per turn: the model's ids and its end-of-turn, then the user's 'lower'."""
     episode = tokens.prompt_ids([{"role": "user", "content": "guess"}])
     for index, text in enumerate(turns):
-        episode += [*ids(tokenizer, text), tokenizer.eos_token_id]
+        episode += [*ids(tokenizer, text), tokens.end_of_turn]
         if index < len(turns) - 1:
             episode += tokens.suffix_ids([{"role": "user", "content": "lower"}])
     return episode
@@ -76,6 +76,26 @@ def test_appended_turns_keep_the_models_tokens_where_the_template_rewrites_them(
         "<|im_start|>user\nguess<|im_end|>\n<|im_start|>assistant\n12345<|im_end|>\n"
         "<|im_start|>user\nlower<|im_end|>\n<|im_start|>assistant\n678910<|im_end|>"
     )
+
+
+def test_a_turn_closed_by_a_special_token_other_than_the_eos_is_appended_and_stopped_on(
+    tokenizer,
+) -> None:
+    """Gemma 3's instruction-tuned way: its template closes a model turn with `<end_of_turn>`
+    while its tokenizer's EOS is `<eos>`. Here ChatML's turns with the EOS moved to `<unk>`."""
+    closing = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert EpisodeTokens(tokenizer).end_of_turn == closing  # ChatML: the EOS closes a turn
+    assert EpisodeTokens(tokenizer).stop_token_ids == []  # the servers stop on it already
+    tokenizer.eos_token = "<unk>"
+    tokens = EpisodeTokens(tokenizer)
+    assert tokens.end_of_turn == closing != tokenizer.eos_token_id
+    assert tokens.stop_token_ids == [closing]  # requests ask the servers to stop on it
+    tokens.check()
+    turns = ["12", "7"]
+    rendered = tokens.render(conversation(turns), generation_prompt=False)
+    assert appended(tokens, tokenizer, turns) == rendered[: len(appended(tokens, tokenizer, turns))]
+    tokenizer.chat_template = None  # a base model's plain prompts: the EOS ends a completion
+    assert EpisodeTokens(tokenizer).end_of_turn == tokenizer.eos_token_id
 
 
 @pytest.mark.parametrize(
