@@ -50,12 +50,11 @@ def turn_closing_token(tokenizer: PreTrainedTokenizerBase) -> int:
     if whole[: len(header)] != header:
         return eos  # the template's own oddity: `EpisodeTokens.check` names it
     turn = whole[len(header) :]
-    special = set(tokenizer.all_special_ids) | {
-        token for token, added in tokenizer.added_tokens_decoder.items() if added.special
-    }
-    if eos in turn or not any(token in special for token in turn):
+    if eos in turn:
         return eos
-    return next(token for token in turn if token in special)
+    added = getattr(tokenizer, "added_tokens_decoder", {})
+    special = set(tokenizer.all_special_ids) | {token for token, t in added.items() if t.special}
+    return next((token for token in turn if token in special), eos)
 
 
 class EpisodeTokens:
