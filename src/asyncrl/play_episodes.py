@@ -33,6 +33,10 @@ def play_episodes(
     torch.manual_seed(seed)
     tokens = EpisodeTokens(tokenizer)
     end_of_turn = tokens.end_of_turn
+    # the servers stop on the EOS too: a turn ended by it (where it is not the turn's closing)
+    # cannot be continued as tokens, and its episode ends there, as in `orchestrator/episode.py`
+    stops = [end_of_turn, *tokens.stop_token_ids, tokenizer.eos_token_id]
+    stops = list(dict.fromkeys(t for t in stops if t is not None))
     conversations = [list(example.prompt) for example in examples]
     ids = [tokens.prompt_ids(example.prompt) for example in examples]
     playing = list(range(len(examples)))
@@ -41,7 +45,7 @@ def play_episodes(
         for start in range(0, len(playing), batch_size):
             chunk = playing[start : start + batch_size]
             outputs = generate_turn(
-                model, tokenizer, [ids[i] for i in chunk], max_tokens, temperature, end_of_turn
+                model, tokenizer, [ids[i] for i in chunk], max_tokens, temperature, stops
             )
             turns.update(zip(chunk, outputs, strict=True))
         still_playing = []
@@ -50,7 +54,8 @@ def play_episodes(
             text = tokenizer.decode(turn_ids, skip_special_tokens=True)
             conversations[index].append({"role": "assistant", "content": text})
             ids[index] += turn_ids
-            if turn == env.max_turns - 1:
+            ended_by_eos = bool(turn_ids) and turn_ids[-1] in stops and turn_ids[-1] != end_of_turn
+            if turn == env.max_turns - 1 or ended_by_eos:
                 continue
             reply = env.respond(conversations[index], examples[index])
             if reply.done:
@@ -70,10 +75,10 @@ def generate_turn(
     prompts: list[list[int]],
     max_tokens: int,
     temperature: float,
-    end_of_turn: int,
+    stops: list[int],
 ) -> list[list[int]]:
     """One turn per prompt (left-padded into one batch): its new ids up to and including the
-    end-of-turn token."""
+    first of the `stops` tokens."""
     width = max(len(p) for p in prompts)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -87,12 +92,12 @@ def generate_turn(
         input_ids=input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_tokens,
-        eos_token_id=end_of_turn,
+        eos_token_id=stops,
         pad_token_id=pad,
         **sampling,
     )
     turns = []
     for row in output[:, width:].tolist():
-        end = row.index(end_of_turn) + 1 if end_of_turn in row else len(row)
+        end = next((at + 1 for at, token in enumerate(row) if token in stops), len(row))
         turns.append(row[:end])
     return turns
