@@ -89,7 +89,13 @@ class Run:
 
 
 def stop_at_budget(process: subprocess.Popen[bytes], launched: float, budget: float) -> None:
-    time.sleep(max(0.0, launched + budget - time.monotonic()))
+    """Stop the run at the budget; a run that ends before it (its `max_steps`) is not waited
+    for."""
+    try:
+        process.wait(timeout=max(0.0, launched + budget - time.monotonic()))
+        return
+    except subprocess.TimeoutExpired:
+        pass
     process.send_signal(signal.SIGTERM)
     try:
         process.wait(timeout=180)
