@@ -10,13 +10,15 @@ systems end them, each scored by the task's own scorer), the quick start's advan
 minus its group's mean, `scale_rewards: none`), then
 
 - asyncrl: the batch as the orchestrator sends it (`TrainingSample`s: the EOS trained, the
-  sampler's logprobs), its micro-batches (shared prompts, 8 rows a pass), its logprobs and its
-  `grpo_clip` loss, backward;
+  sampler's logprobs), the trainer's micro-batches (shared prompts, 8 rows a pass) and its own
+  `train_step` (logprobs, `grpo_clip`, gradient clipping, the fused AdamW of
+  `build_optimizer`);
 - TRL: `GRPOTrainer._compute_loss` on the same tokens as its own batch preparation lays them out
-  (left-padded prompts, completions masked after the first EOS), `loss_type="grpo"`, backward;
+  (left-padded prompts, completions masked after the first EOS), `loss_type="grpo"`, backward,
+  clipping and its Trainer's optimizer;
 
-and compares the two gradients (relative L2 difference, cosine, their norms), then one step of
-each system's optimizer (AdamW, lr 2e-4, gradient norm 1) and the weights it leaves. Prints
+and compares the gradients each optimizer stepped with (relative L2 difference, cosine, norms)
+and the weights the step left (AdamW, lr 2e-4, gradient norm 1). Prints
 one JSON line. Needs TRL: run it with the race's environment.
 
     PYTHONPATH=src .venv-bench/bin/python benchmarks/update_vs_trl.py \
@@ -37,15 +39,15 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
-from asyncrl.config.trainer import LossConfig
+from asyncrl.config.trainer import TrainerConfig
 from asyncrl.config.training import TrainingConfig
 from asyncrl.envs.base import score
 from asyncrl.envs.reasoning_gym_tasks import ReasoningGymEnv
-from asyncrl.trainer.logprobs import completion_logprobs
-from asyncrl.trainer.loss import compute_loss, loss_named
+from asyncrl.trainer.loss import loss_named
 from asyncrl.trainer.micro_batches import build_micro_batches
 from asyncrl.trainer.model import attention_implementation
-from asyncrl.trainer.objectives import LossInputs
+from asyncrl.trainer.optim import build_optimizer, build_scheduler
+from asyncrl.trainer.train import train_step
 from asyncrl.types import TrainingBatch, TrainingSample
 from machine import cpu_name
 
@@ -137,9 +139,23 @@ def lora_weights(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for n, p in model.named_parameters() if p.requires_grad])
 
 
-def asyncrl_backward(model, tokenizer, prompts, completions, advantages) -> None:
-    """asyncrl's trainer on the batch: its micro-batches, logprobs and loss (`train_step`'s
-    inner loop, one process)."""
+class RecordingAdamW(torch.optim.AdamW):
+    """asyncrl's optimizer (`build_optimizer`: fused AdamW) that keeps the gradient it is
+    given, after `train_step` clipped it, for the comparison."""
+
+    gradient: torch.Tensor | None = None
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        self.gradient = torch.cat(
+            [p.grad.flatten() for group in self.param_groups for p in group["params"]]
+        )
+        return super().step(closure)
+
+
+def asyncrl_step(model, tokenizer, path, prompts, completions, advantages) -> torch.Tensor:
+    """asyncrl's trainer on the batch: the orchestrator's samples, the trainer's micro-batches
+    and its own `train_step` (logprobs, `grpo_clip`, clipping, AdamW); returns the gradient
+    the optimizer stepped with."""
     with torch.no_grad():  # the sampler's logprobs: the model's own (on policy)
         inference = []
         for prompt, completion in zip(prompts, completions, strict=True):
@@ -161,7 +177,11 @@ def asyncrl_backward(model, tokenizer, prompts, completions, advantages) -> None
             prompts, completions, inference, advantages, strict=True
         )
     ]
-    config = LossConfig(type="grpo_clip")
+    config = TrainerConfig(
+        model=str(path), optimizer="adamw", recipe="fp32", learning_rate=LR,
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=1.0,
+        loss={"type": "grpo_clip"},
+    )  # fmt: skip
     micro_batches = build_micro_batches(
         TrainingBatch(step=1, samples=samples, max_tokens=MAX_TOKENS),
         sequence_len=256,
@@ -169,20 +189,14 @@ def asyncrl_backward(model, tokenizer, prompts, completions, advantages) -> None
         pad_token_id=tokenizer.pad_token_id,
         normalisation=loss_named("grpo_clip").normalisation,
         shared_prefix=True,
-        loss_config=config,
+        loss_config=config.loss,
     )
-    for mb in micro_batches:
-        current = completion_logprobs(model, mb.packed, mb.temperature)
-        compute_loss(
-            LossInputs(
-                logprobs=current.logprobs,
-                inference_logprobs=mb.inference_logprobs,
-                advantages=mb.advantages,
-                sequence_ids=mb.sequence_ids,
-                token_weights=mb.token_weights,
-            ),
-            config,
-        ).loss.backward()
+    built = build_optimizer(model, config)
+    optimizer = RecordingAdamW(built.param_groups, lr=LR, fused=True)
+    scheduler = build_scheduler(optimizer, config, 1)
+    train_step(model, None, optimizer, scheduler, micro_batches, config, version=0)
+    assert optimizer.gradient is not None
+    return optimizer.gradient
 
 
 def trl_trainer(model, tokenizer, out: Path) -> GRPOTrainer:
@@ -246,18 +260,14 @@ def one_seed(path: Path, seed: int, out: Path) -> dict[str, float]:
     theirs = copy.deepcopy(ours)  # the same adapters: peft draws A from the global generator
     prompts, completions, rewards = sampled_batch(ours, tokenizer, seed)
     advantages = advantages_of(rewards)
-    asyncrl_backward(ours, tokenizer, prompts, completions, advantages)
-    trainer = trl_trainer(theirs, tokenizer, out / f"trl-{seed}")
-    trl_backward(trainer, tokenizer, prompts, completions, advantages)
-    g_ours, g_theirs = lora_gradient(ours).double(), lora_gradient(trainer.model).double()
-    # one optimizer step each: asyncrl's AdamW (`build_optimizer`'s defaults) and TRL's own
     before = lora_weights(ours)
+    g_ours = asyncrl_step(ours, tokenizer, path, prompts, completions, advantages).double()
+    trainer = trl_trainer(theirs, tokenizer, out / f"trl-{seed}")
     assert torch.equal(before, lora_weights(trainer.model))
-    for model in (ours, trainer.model):
-        torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-    torch.optim.AdamW(
-        [p for p in ours.parameters() if p.requires_grad], lr=LR, weight_decay=0.0
-    ).step()
+    trl_backward(trainer, tokenizer, prompts, completions, advantages)
+    parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(parameters, 1.0)  # as TRL's Trainer does before its step
+    g_theirs = lora_gradient(trainer.model).double()
     trainer.create_optimizer()
     trainer.optimizer.step()
     d_ours = (lora_weights(ours) - before).double()
