@@ -132,24 +132,11 @@ def advantages_of(rewards: list[float]) -> list[float]:
 
 
 def lora_gradient(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.grad.flatten() for n, p in model.named_parameters() if p.requires_grad])
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.requires_grad])
 
 
 def lora_weights(model: torch.nn.Module) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for n, p in model.named_parameters() if p.requires_grad])
-
-
-class RecordingAdamW(torch.optim.AdamW):
-    """asyncrl's optimizer (`build_optimizer`: fused AdamW) that keeps the gradient it is
-    given, after `train_step` clipped it, for the comparison."""
-
-    gradient: torch.Tensor | None = None
-
-    def step(self, closure=None):  # type: ignore[no-untyped-def]
-        self.gradient = torch.cat(
-            [p.grad.flatten() for group in self.param_groups for p in group["params"]]
-        )
-        return super().step(closure)
+    return torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad])
 
 
 def asyncrl_step(model, tokenizer, path, prompts, completions, advantages) -> torch.Tensor:
@@ -191,12 +178,13 @@ def asyncrl_step(model, tokenizer, path, prompts, completions, advantages) -> to
         shared_prefix=True,
         loss_config=config.loss,
     )
-    built = build_optimizer(model, config)
-    optimizer = RecordingAdamW(built.param_groups, lr=LR, fused=True)
-    scheduler = build_scheduler(optimizer, config, 1)
-    train_step(model, None, optimizer, scheduler, micro_batches, config, version=0)
-    assert optimizer.gradient is not None
-    return optimizer.gradient
+    optimizer = build_optimizer(model, config)
+    stepped_with: list[torch.Tensor] = []  # the gradient `train_step` clipped and stepped with
+    optimizer.register_step_pre_hook(lambda *_: stepped_with.append(lora_gradient(model)))
+    train_step(model, None, optimizer, build_scheduler(optimizer, config, 1), micro_batches,
+               config, version=0)  # fmt: skip
+    assert len(stepped_with) == 1
+    return stepped_with[0]
 
 
 def trl_trainer(model, tokenizer, out: Path) -> GRPOTrainer:
