@@ -5,9 +5,10 @@ SmolLM2, 262,144 × 640 for Gemma 3). Done as one product, the head ran at 48–
 Zen 4 core against the 84–94 of the model's other linears: the [rows, vocab] result of a large
 vocabulary leaves the core's caches while the weights stream past. In blocks of 1,024 columns
 each block's result stays in cache while its rows of the weight are read once. The same
-products, each output element still one dot product over the hidden size: the logits are
-bit-identical, and a whole fp32 decode pass on one core is 1.01–1.03× faster for SmolLM2 and
-1.13–1.18× for Gemma 3, whose head is half its pass (`benchmarks/blocked_head.py`,
+products, each output element still one dot product over the hidden size (the logits were
+bit-identical on the Zen 4 measured; a BLAS may pick another kernel for a narrower product
+elsewhere, within float rounding), and a whole fp32 decode pass on one core is 1.01–1.03×
+faster for SmolLM2 and 1.13–1.18× for Gemma 3, whose head is half its pass (`benchmarks/blocked_head.py`,
 benchmarks/RESULTS.md 2026-11-28 (afternoon)).
 
 Only where it measured better and cannot change autograd: on a CPU, for an `nn.Linear` head
