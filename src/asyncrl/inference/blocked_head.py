@@ -8,8 +8,8 @@ each block's result stays in cache while its rows of the weight are read once. T
 products, each output element still one dot product over the hidden size (the logits were
 bit-identical on the Zen 4 measured; a BLAS may pick another kernel for a narrower product
 elsewhere, within float rounding), and a whole fp32 decode pass on one core is 1.01–1.03×
-faster for SmolLM2 and 1.13–1.18× for Gemma 3, whose head is half its pass (`benchmarks/blocked_head.py`,
-benchmarks/RESULTS.md 2026-11-28 (afternoon)).
+faster for SmolLM2 and 1.13–1.18× for Gemma 3, whose head is half its pass
+(`benchmarks/blocked_head.py`, benchmarks/RESULTS.md 2026-11-28 (afternoon)).
 
 Only where it measured better and cannot change autograd: on a CPU, for an `nn.Linear` head
 without bias, and only while gradients are off (the engine's passes); anything else runs the
