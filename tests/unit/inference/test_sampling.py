@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from asyncrl.inference.sampling import SamplingParams, SequenceView, process_logits, sample
+from asyncrl.inference.sampling import (
+    SamplingParams,
+    SequenceView,
+    inverse_cdf,
+    process_logits,
+    sample,
+)
 
 EMPTY = torch.zeros(0, dtype=torch.long)
 
@@ -103,3 +109,33 @@ def test_draws_follow_a_wide_distribution_and_never_take_a_removed_token() -> No
     chi_square = ((counts[kept] - rows * expected[kept]) ** 2 / (rows * expected[kept])).sum()
     assert chi_square < 80  # 39 degrees of freedom: the 99.9th percentile is 72.1
     assert torch.allclose(result.logprobs, torch.log(expected[result.tokens]), atol=1e-5)
+
+
+def full_width_inverse_cdf(weights: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """The reference: one cumulative sum over the whole vocabulary, inverted at each target."""
+    cumulative = weights.cumsum(dim=-1)
+    targets = uniform.unsqueeze(1) * cumulative[:, -1:]
+    return torch.searchsorted(cumulative, targets, right=True).squeeze(1)
+
+
+@pytest.mark.parametrize("vocab, block", [(1000, 64), (1000, 7), (96, 32), (5, 1024)])
+def test_the_two_level_draw_is_the_full_width_draw(vocab: int, block: int) -> None:
+    """Integer weights keep every partial sum exact in float32, so the two-level draw must pick
+    exactly the reference's token for every target (blocks of zeros and a padded last block
+    included)."""
+    generator = torch.Generator().manual_seed(3)
+    weights = torch.randint(0, 5, (400, vocab), generator=generator).float()
+    weights[:, : vocab // 3] *= torch.rand(400, 1, generator=generator) < 0.5  # empty blocks
+    weights[:, 0] += 1  # no row without mass
+    uniform = torch.rand(400, generator=generator)
+    drawn = inverse_cdf(weights, uniform, block=block)
+    assert torch.equal(drawn, full_width_inverse_cdf(weights, uniform))
+    assert (weights.gather(1, drawn.unsqueeze(1)) > 0).all()
+
+
+def test_a_target_at_the_total_takes_the_last_token_with_weight() -> None:
+    """uniform × total can round up to the total; trailing zero blocks must not be drawn."""
+    weights = torch.zeros(2, 40)
+    weights[:, [3, 17]] = 1.0
+    drawn = inverse_cdf(weights, torch.tensor([1.0, 0.999]), block=8)
+    assert drawn.tolist() == [17, 17]

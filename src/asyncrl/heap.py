@@ -1,0 +1,53 @@
+"""Keep freed tensor memory in the process instead of handing it back to the kernel each time.
+
+torch's CPU tensors come from glibc `malloc`. A block larger than malloc's mmap threshold is
+mapped fresh and unmapped when freed, and the heap's free top is returned to the kernel above
+the trim threshold; either way the next tensor of that size starts on untouched pages, and the
+kernel zeroes each 4 KiB page on its first write (a minor page fault). The embedded engine
+makes a [rows, vocabulary] logits tensor and its sampler's copies every decode pass (12.5 MB
+each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a 115 s generation run,
+0.5 million with the thresholds below, and the engine 2–4 % faster at 32 rows and 6–8 % at 64
+(benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB (malloc's largest mmap
+threshold) are still mapped per allocation.
+
+Applied as each role starts (`asyncrl.cli`), before it allocates tensors. glibc's own
+`MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` in the environment win: set either and
+asyncrl leaves both alone. Elsewhere (musl, macOS) it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
+M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD_MAX = (
+    32 * 1024 * 1024
+)  # glibc's ceiling for it on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
+GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+
+
+def keep_freed_memory() -> bool:
+    """Raise malloc's mmap and trim thresholds in this process; True if they were set."""
+    if not sys.platform.startswith("linux") or any(v in os.environ for v in GLIBC_VARIABLES):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # not glibc
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
+    done = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
+    if not done:
+        logger.debug("mallopt refused asyncrl's thresholds; malloc keeps its defaults")
+    return done
