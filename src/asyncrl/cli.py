@@ -220,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         print(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False), end="")
         return 0
     from asyncrl.cpu_affinity import apply_cpu_affinity
+    from asyncrl.heap import keep_freed_memory
     from asyncrl.heartbeat import start_heartbeat
     from asyncrl.log import setup_logging
 
@@ -229,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         print(f"asyncrl {name}: {error}", file=sys.stderr)
         return 2
+    keep_freed_memory()  # before the role's first tensor: no page faults for reused sizes
     start_heartbeat()
     try:
         command.run(config)
