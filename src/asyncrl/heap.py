@@ -12,7 +12,8 @@ threshold) are still mapped per allocation.
 
 Applied as each role starts (`asyncrl.cli`), before it allocates tensors. glibc's own
 `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` in the environment win: set either and
-asyncrl leaves both alone. Elsewhere (musl, macOS) it does nothing.
+asyncrl leaves both alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves malloc's defaults (to compare).
+Elsewhere (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ MMAP_THRESHOLD_MAX = (
 )  # glibc's ceiling for it on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
 GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
     """Raise malloc's mmap and trim thresholds in this process; True if they were set."""
     if not sys.platform.startswith("linux") or any(v in os.environ for v in GLIBC_VARIABLES):
+        return False
+    if os.environ.get(SWITCH, "1") == "0":
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
