@@ -5,10 +5,10 @@ mapped fresh and unmapped when freed, and the heap's free top is returned to the
 the trim threshold; either way the next tensor of that size starts on untouched pages, and the
 kernel zeroes each 4 KiB page on its first write (a minor page fault). The embedded engine
 makes a [rows, vocabulary] logits tensor and its sampler's copies every decode pass (12.5 MB
-each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a 115 s generation run,
-0.5 million with the thresholds below, and the engine 2–4 % faster at 32 rows and 6–8 % at 64
-(benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB (malloc's largest mmap
-threshold) are still mapped per allocation.
+each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a two-minute generation
+run, 0.5 million with the thresholds below, and the engine 2–8 % faster at 64 rows (at 32, no
+difference resolved; benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB
+(malloc's largest mmap threshold) are still mapped per allocation: the trainer's logits.
 
 Applied as each role starts (`asyncrl.cli`), before it allocates tensors. glibc's own
 `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` in the environment win: set either and
