@@ -7,19 +7,20 @@ kernel zeroes each 4 KiB page on its first write (a minor page fault). The embed
 makes a [rows, vocabulary] logits tensor and its sampler's copies every decode pass (12.5 MB
 each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a two-minute generation
 run, 0.5 million with the thresholds below, and the engine 2–8 % faster at 64 rows (at 32, no
-difference resolved; benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB
-(malloc's largest mmap threshold) are still mapped per allocation: the trainer's logits.
+difference resolved; benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB (the
+ceiling of glibc's own dynamic threshold, and half of a thread arena's heap, which a larger block
+could not come from anyway) are still mapped per allocation: the trainer's logits. The cost: a
+process keeps up to its peak of such blocks, in each thread's arena, instead of returning them.
 
 Applied as each role starts (`asyncrl.cli`), before it allocates tensors. glibc's own
-`MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` in the environment win: set either and
-asyncrl leaves both alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves malloc's defaults (to compare).
-Elsewhere (musl, macOS) it does nothing.
+`MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` (or the same in `GLIBC_TUNABLES`) in the
+environment win: set either and asyncrl leaves both alone; `ASYNCRL_KEEP_FREED_MEMORY=0`
+leaves malloc's defaults (to compare). Elsewhere (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 
@@ -29,23 +30,25 @@ logger = get_logger(__name__)
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD_MAX = (
-    32 * 1024 * 1024
-)  # glibc's ceiling for it on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+# glibc's ceiling for its own dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
+MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
 GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
+GLIBC_TUNABLE_NAMES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
 SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
     """Raise malloc's mmap and trim thresholds in this process; True if they were set."""
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
     if not sys.platform.startswith("linux") or any(v in os.environ for v in GLIBC_VARIABLES):
+        return False
+    if any(name in tunables for name in GLIBC_TUNABLE_NAMES):
         return False
     if os.environ.get(SWITCH, "1") == "0":
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: its C library's
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]

@@ -47,3 +47,5 @@ def test_a_reused_block_is_not_zeroed_again_by_the_kernel() -> None:
 def test_glibc_s_own_variables_win_and_asyncrl_s_switch_turns_it_off() -> None:
     assert faults("keep", MALLOC_TRIM_THRESHOLD_="131072")["kept"] is False
     assert faults("keep", ASYNCRL_KEEP_FREED_MEMORY="0")["kept"] is False
+    tunables = "glibc.malloc.trim_threshold=131072"
+    assert faults("keep", GLIBC_TUNABLES=tunables)["kept"] is False

@@ -132,7 +132,9 @@ def inverse_cdf(
         weights, (0, blocks * block - vocab)
     )  # fmt: skip
     columns = padded.view(rows, blocks, block)
-    block_mass = columns.sum(dim=-1).cumsum(dim=-1)  # [rows, blocks]
+    # in float64: a GPU's parallel cumsum of float32 block sums need not rise monotonically by
+    # a rounding, which could pick a block without mass; it is a few hundred columns wide
+    block_mass = columns.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # [rows, blocks]
     total = block_mass[:, -1:].contiguous()
     targets = uniform.unsqueeze(1) * total
     # a target rounded up to the total would land past the last block with any mass
@@ -142,7 +144,8 @@ def inverse_cdf(
         chosen > 0, block_mass.gather(1, (chosen - 1).clamp_(min=0)), block_mass.new_zeros(())
     )
     inside = columns[torch.arange(rows, device=weights.device), chosen.squeeze(1)]
-    within = torch.searchsorted(inside.cumsum(dim=-1), targets - before, right=True)
+    remainder = (targets - before).to(inside.dtype)
+    within = torch.searchsorted(inside.cumsum(dim=-1), remainder, right=True)
     positions = torch.arange(block, device=weights.device)
     last_weighted = torch.where(inside > 0, positions, -1).amax(dim=-1, keepdim=True)
     return (chosen * block + torch.minimum(within, last_weighted)).squeeze(1)
