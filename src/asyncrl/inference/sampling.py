@@ -132,9 +132,9 @@ def inverse_cdf(
         weights, (0, blocks * block - vocab)
     )  # fmt: skip
     columns = padded.view(rows, blocks, block)
-    # in float64: a GPU's parallel cumsum of float32 block sums need not rise monotonically by
-    # a rounding, which could pick a block without mass; it is a few hundred columns wide
-    block_mass = columns.sum(dim=-1, dtype=torch.float64).cumsum(dim=-1)  # [rows, blocks]
+    # summed up in float64: a GPU's parallel cumsum of float32 block sums need not rise
+    # monotonically by a rounding, which could pick a block without mass (a few hundred columns)
+    block_mass = columns.sum(dim=-1).double().cumsum(dim=-1)  # [rows, blocks]
     total = block_mass[:, -1:].contiguous()
     targets = uniform.unsqueeze(1) * total
     # a target rounded up to the total would land past the last block with any mass
