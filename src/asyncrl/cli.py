@@ -227,10 +227,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         apply_cpu_affinity()  # before torch starts its threads
+        keep_freed_memory()  # before the role's first tensor: no page faults for reused sizes
     except ValueError as error:
         print(f"asyncrl {name}: {error}", file=sys.stderr)
         return 2
-    keep_freed_memory()  # before the role's first tensor: no page faults for reused sizes
     start_heartbeat()
     try:
         command.run(config)

@@ -39,13 +39,20 @@ SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
-    """Raise malloc's mmap and trim thresholds in this process; True if they were set."""
+    """Raise malloc's mmap and trim thresholds in this process; True if they were set. A
+    `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a ValueError naming it."""
+    switch = os.environ.get(SWITCH, "1")
+    if switch not in ("0", "1"):
+        raise ValueError(
+            f"{SWITCH}={switch!r}: expected 1 (keep freed memory, the default) or 0 (malloc's "
+            "own thresholds)"
+        )
     tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if not sys.platform.startswith("linux") or any(v in os.environ for v in GLIBC_VARIABLES):
+    if switch == "0" or not sys.platform.startswith("linux"):
+        return False
+    if any(v in os.environ for v in GLIBC_VARIABLES):
         return False
     if any(name in tunables for name in GLIBC_TUNABLE_NAMES):
-        return False
-    if os.environ.get(SWITCH, "1") == "0":
         return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: its C library's

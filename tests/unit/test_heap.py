@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+from asyncrl.heap import SWITCH, keep_freed_memory
+
 # allocates and fills three 12 MB buffers at once and frees them, 20 times (as the engine makes
 # a logits tensor and its sampler's copies every decode pass), and prints the minor page faults
 # that took, after `keep_freed_memory` or without it: by default malloc raises its mmap threshold
@@ -49,3 +51,11 @@ def test_glibc_s_own_variables_win_and_asyncrl_s_switch_turns_it_off() -> None:
     assert faults("keep", ASYNCRL_KEEP_FREED_MEMORY="0")["kept"] is False
     tunables = "glibc.malloc.trim_threshold=131072"
     assert faults("keep", GLIBC_TUNABLES=tunables)["kept"] is False
+
+
+def test_a_switch_that_is_neither_1_nor_0_is_refused_by_name(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(SWITCH, "false")
+    with pytest.raises(ValueError, match="ASYNCRL_KEEP_FREED_MEMORY='false': expected 1"):
+        keep_freed_memory()
