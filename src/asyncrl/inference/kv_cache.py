@@ -62,6 +62,7 @@ class SlotKVCache:
         self._starts = torch.zeros(0, dtype=torch.long, device=self.device)
         self._kv_len = 0
         self._contiguous: slice | None = None
+        self._whole_layers: frozenset[int] = frozenset()
 
     # memory -------------------------------------------------------------------------------------
     def reserve_memory(self) -> None:
@@ -107,8 +108,17 @@ class SlotKVCache:
         return self.num_slots - len(self.free_slots)
 
     # one forward pass ---------------------------------------------------------------------------
-    def prepare(self, slots: list[int], starts: list[int], num_new: int) -> None:
-        """The next forward writes `num_new` tokens per row at positions starts[i].. of slots[i]."""
+    def prepare(
+        self,
+        slots: list[int],
+        starts: list[int],
+        num_new: int,
+        whole_layers: frozenset[int] = frozenset(),
+    ) -> None:
+        """The next forward writes `num_new` tokens per row at positions starts[i].. of slots[i].
+        `whole_layers`: layers whose attention reads the cache itself (`cascade_attention.py`):
+        `update` returns their whole keys and values, gathering nothing."""
+        self._whole_layers = whole_layers
         self._slots = torch.tensor(slots, dtype=torch.long, device=self.device)
         self._starts = torch.tensor(starts, dtype=torch.long, device=self.device)
         self._num_new = num_new
@@ -151,6 +161,8 @@ class SlotKVCache:
                 slot, start = int(self._slots[row]), int(self._starts[row])
                 keys[slot, :, start : start + self._num_new] = key_states[row]
                 values[slot, :, start : start + self._num_new] = value_states[row]
+        if layer_idx in self._whole_layers:
+            return keys, values
         if self._contiguous is not None:
             return keys[self._contiguous, :, : self._kv_len], values[
                 self._contiguous, :, : self._kv_len

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -9,6 +10,13 @@ from dataclasses import dataclass, field
 import torch
 
 from asyncrl.inference.sampling import SamplingParams, SequenceView
+
+_PROMPT_KEYS = itertools.count()
+
+
+def fresh_prompt_keys() -> int:
+    """A `Sequence.prompt_keys` no other sequence has: its prompt was prefilled on its own."""
+    return next(_PROMPT_KEYS)
 
 
 @dataclass
@@ -37,6 +45,9 @@ class Sequence:
     stop_reason: str | int | None = None
     text: str = ""
     cached: int = 0  # leading tokens whose keys and values came from the prefix cache
+    # equal in sequences whose prompt keys and values are copies of one prefill (siblings of a
+    # shared prompt): a decode pass reads them once per group (`cascade_attention.py`)
+    prompt_keys: int = field(default_factory=fresh_prompt_keys)
 
     @property
     def token_ids(self) -> list[int]:
