@@ -152,7 +152,6 @@ def cascade_attention(
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads
     scale = scaling if scaling is not None else head_dim**-0.5
-    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     # a query head h reads kv head h // per_kv: a row's queries as [kv_heads, per_kv]
     queries = query.reshape(rows, kv_heads, per_kv, head_dim)
     widest = plan.widest
@@ -164,31 +163,35 @@ def cascade_attention(
         .reshape(groups, kv_heads, widest * per_kv, head_dim)
     )
     prefix = slice(0, plan.prefix_len)
-    out_1, lse_1 = flash(
-        grouped,
-        key[plan.group_slots, :, prefix],
-        value[plan.group_slots, :, prefix],
-        attn_mask=plan.prefix_mask,
-        scale=scale,
-    )
+    out_1, lse_1 = _attend(grouped, key, value, plan.group_slots, prefix, plan.prefix_mask, scale)
     # back to rows: [groups, kv_heads, widest, per_kv] -> [groups * widest, kv_heads, per_kv]
     out_1 = out_1.reshape(groups, kv_heads, widest, per_kv, head_dim).transpose(1, 2)
     out_1 = out_1.reshape(groups * widest, kv_heads, per_kv, head_dim)[plan.row_in_groups]
     lse_1 = lse_1.reshape(groups, kv_heads, widest, per_kv).transpose(1, 2)
     lse_1 = lse_1.reshape(groups * widest, kv_heads, per_kv)[plan.row_in_groups]
     own = slice(plan.suffix_start, plan.suffix_start + plan.suffix_mask.shape[-1])
-    out_2, lse_2 = flash(
-        queries,
-        key[plan.slots, :, own],
-        value[plan.slots, :, own],
-        attn_mask=plan.suffix_mask,
-        scale=scale,
-    )
+    out_2, lse_2 = _attend(queries, key, value, plan.slots, own, plan.suffix_mask, scale)
     lse = torch.logaddexp(lse_1, lse_2).unsqueeze(-1)
     merged = out_1 * torch.exp(lse_1.unsqueeze(-1) - lse) + out_2 * torch.exp(
         lse_2.unsqueeze(-1) - lse
     )
     return merged.reshape(rows, 1, heads, head_dim), None
+
+
+def _attend(
+    queries: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slots: slice | torch.Tensor,
+    positions: slice,
+    mask: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(attention, log-sum-exp) of `queries` over the keys at `positions` of `slots`: the CPU
+    flash kernel SDPA runs, called directly for the log-sum-exp it computes anyway."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        queries, key[slots, :, positions], value[slots, :, positions], attn_mask=mask, scale=scale
+    )
 
 
 def use_cascade_attention(model: torch.nn.Module) -> bool:
