@@ -25,7 +25,7 @@ attention needs what SDPA alone gives (soft-capping, sinks).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,15 @@ class CascadePlan:
     slots: torch.Tensor | slice  # the rows' slots (a slice when consecutive: no gather)
     suffix_start: int  # the shortest prompt: where every row's own keys begin
     suffix_mask: torch.Tensor  # [rows, 1, 1, kv_len - suffix_start] 0 on a row's own keys
+    # layers that attended this way, appended as they do: for `check_attended`
+    attended: list[int] = field(default_factory=list)
+
+    def all_attended(self) -> bool:
+        """Whether every layer of the plan attended through `cascade_attention`: for those the
+        cache handed the model its whole keys and values, right only for this function (a model
+        that does not pass its keyword arguments on to its attention, or that picks its own
+        kernel, would have attended over every slot)."""
+        return sorted(self.attended) == sorted(self.layers)
 
 
 def cascade_layers(config: Any, num_layers: int, reach: int) -> frozenset[int]:
@@ -72,12 +81,14 @@ def plan_cascade(
     positions: list[int],
     prompt_lens: list[int],
     prompt_keys: list[int],
-    layers: frozenset[int],
+    config: Any,
     device: torch.device,
 ) -> CascadePlan | None:
     """The plan of a decode pass whose row i writes its token at `positions[i]` of
     `slots[i]`, with `prompt_lens[i]` leading keys equal in every row of the same
-    `prompt_keys[i]`. None where no group has two rows (nothing would be read less)."""
+    `prompt_keys[i]`, for a model of `config`. None where no group has two rows (nothing would
+    be read less) or no layer may attend this way."""
+    layers = cascade_layers(config, config.num_hidden_layers, max(positions) + 1)
     groups: dict[int, list[int]] = {}
     for row, key in enumerate(prompt_keys):
         groups.setdefault(key, []).append(row)
@@ -148,6 +159,7 @@ def cascade_attention(
         )
     if kwargs.get("s_aux") is not None or kwargs.get("softcap") is not None:
         raise NotImplementedError(f"{NAME}: attention sinks and soft-capping are SDPA's alone")
+    plan.attended.append(module.layer_idx)  # type: ignore[arg-type]
     rows, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     per_kv = heads // kv_heads

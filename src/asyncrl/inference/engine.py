@@ -18,13 +18,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.inference.blocked_head import use_blocked_head
-from asyncrl.inference.cascade_attention import (
-    PLAN_ARGUMENT,
-    CascadePlan,
-    cascade_layers,
-    plan_cascade,
-    use_cascade_attention,
-)
+from asyncrl.inference.cascade_attention import PLAN_ARGUMENT, plan_cascade, use_cascade_attention
 from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
@@ -214,7 +208,7 @@ class Engine(EngineThread):
             # in slot order: rows holding a range of slots read their keys in place, where in
             # any other order every pass copied every row's keys (finished sequences free
             # their slots in any order, and new ones take them last freed first)
-            live.sort(key=lambda s: s.slot)  # type: ignore[arg-type,return-value]
+            live.sort(key=lambda s: -1 if s.slot is None else s.slot)  # None: aborted just now
             if live:
                 self._forward(live, prefill=False)
                 produced += len(live)
@@ -284,7 +278,11 @@ class Engine(EngineThread):
             rows = [[s.output_ids[-1]] for s in run]
             starts = [s.cached_len for s in run]
         slots = [s.slot for s in run]  # kept: a sequence aborted meanwhile loses its slot
-        plan = None if prefill else self._cascade_plan(run, slots, starts)  # type: ignore[arg-type]
+        plan = None  # a decode pass reads each shared prompt's keys once (cascade_attention.py)
+        if self.cascade and not prefill:
+            prompt_lens = [len(s.request.prompt_ids) for s in run]
+            keys = [s.prompt_keys for s in run]
+            plan = plan_cascade(slots, starts, prompt_lens, keys, self.model.config, self.device)  # type: ignore[arg-type]
         self.cache.prepare(slots, starts, width, plan.layers if plan else frozenset())  # type: ignore[arg-type]
         last = torch.tensor(lengths, device=self.device) - 1
         # the LM head runs at each row's last position only (a prompt's others predict nothing):
@@ -304,6 +302,9 @@ class Engine(EngineThread):
             **{self._cache_argument: self.cache},
             **({PLAN_ARGUMENT: plan} if plan else {}),
         ).logits  # [rows, len(positions), vocab]
+        if plan is not None and not plan.all_attended():
+            self.cascade = False  # the model's attention ignored the plan: void, and off
+            raise RuntimeError(f"{self.model.config.model_type} did not attend by its plan")
         kept = torch.searchsorted(positions, last)
         step_logits = logits[torch.arange(len(run), device=self.device), kept]
         if prefill:  # keys computed now: no other sequence holds these
@@ -338,18 +339,6 @@ class Engine(EngineThread):
                     values = result.top_logprobs[row, :wanted].tolist()
                     sequence.top_logprobs.append(list(zip(ids, values, strict=True)))
                 self._check_finished(sequence)
-
-    def _cascade_plan(
-        self, run: list[Sequence], slots: list[int], positions: list[int]
-    ) -> CascadePlan | None:
-        """The decode pass's cascade plan; None with cascade off or no two rows sharing keys."""
-        if not self.cascade:
-            return None
-        reach = max(positions) + 1
-        layers = cascade_layers(self.model.config, len(self.cache.keys), reach)
-        prompt_lens = [len(s.request.prompt_ids) for s in run]
-        keys = [s.prompt_keys for s in run]
-        return plan_cascade(slots, positions, prompt_lens, keys, layers, self.device)
 
     def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:
         """Sample the batch; if that raises, row by row (results on the CPU, where the caller

@@ -29,6 +29,7 @@ from asyncrl.inference.sampling import SamplingParams
 KV_HEADS, PER_KV, HEAD_DIM, MAX_LEN = 2, 3, 8, 40
 SCALE = HEAD_DIM**-0.5
 CPU = torch.device("cpu")
+ONE_LAYER = types.SimpleNamespace(num_hidden_layers=1, sliding_window=None)
 
 
 def reference(
@@ -82,7 +83,7 @@ def test_each_row_attends_to_its_own_keys_as_plain_attention_would(
     lens = [length for group, length in zip(groups, prompt_lens, strict=True) for _ in group]
     positions = [length + extra for length, extra in zip(lens, grown, strict=True)]
     prompt_keys = [index for index, group in enumerate(groups) for _ in group]
-    plan = plan_cascade(slots, positions, lens, prompt_keys, frozenset({0}), CPU)
+    plan = plan_cascade(slots, positions, lens, prompt_keys, ONE_LAYER, CPU)
     assert plan is not None
     query = torch.randn(len(slots), KV_HEADS * PER_KV, 1, HEAD_DIM)
     module = types.SimpleNamespace(layer_idx=0, num_key_value_groups=PER_KV)
@@ -94,22 +95,30 @@ def test_each_row_attends_to_its_own_keys_as_plain_attention_would(
     assert torch.allclose(out, expected, atol=2e-6), (out - expected).abs().max()
 
 
-def test_a_pass_without_shared_prompts_or_with_an_empty_one_has_no_plan() -> None:
-    assert plan_cascade([0, 1, 2], [5, 5, 5], [4, 4, 4], [7, 8, 9], frozenset({0}), CPU) is None
-    assert plan_cascade([0, 1], [5, 5], [0, 0], [7, 7], frozenset({0}), CPU) is None
-    assert plan_cascade([0, 1], [5, 5], [4, 4], [7, 7], frozenset(), CPU) is None
+def test_no_plan_without_shared_prompts_an_empty_prompt_or_a_layer_to_use_it() -> None:
+    assert plan_cascade([0, 1, 2], [5, 5, 5], [4, 4, 4], [7, 8, 9], ONE_LAYER, CPU) is None
+    assert plan_cascade([0, 1], [5, 5], [0, 0], [7, 7], ONE_LAYER, CPU) is None
+    past_every_window = types.SimpleNamespace(
+        num_hidden_layers=2, sliding_window=4, layer_types=None
+    )
+    assert plan_cascade([0, 1], [5, 5], [4, 4], [7, 7], past_every_window, CPU) is None
 
 
 def test_a_layer_outside_the_plan_is_plain_sdpa_on_the_keys_given() -> None:
     query = torch.randn(2, KV_HEADS * PER_KV, 1, HEAD_DIM)
     keys, values = torch.randn(2, KV_HEADS, 6, HEAD_DIM), torch.randn(2, KV_HEADS, 6, HEAD_DIM)
-    plan = plan_cascade([0, 1], [5, 5], [4, 4], [3, 3], frozenset({1}), CPU)
+    config = types.SimpleNamespace(
+        num_hidden_layers=2, sliding_window=4, layer_types=["sliding_attention", "full_attention"]
+    )
+    plan = plan_cascade([0, 1], [5, 5], [4, 4], [3, 3], config, CPU)  # layer 0: past its window
+    assert plan is not None and plan.layers == {1}
     module = types.SimpleNamespace(layer_idx=0, num_key_value_groups=PER_KV, is_causal=True)
     out, _ = cascade_attention(
         module, query, keys, values, None, scaling=SCALE, asyncrl_cascade_plan=plan
     )  # type: ignore[arg-type]
     expected = reference(query, keys, values, [0, 1], [5, 5])
     assert torch.allclose(out, expected, atol=2e-6)
+    assert not plan.all_attended()  # layer 1 never attended: the engine voids such a pass
 
 
 def test_sliding_layers_join_only_while_no_row_reaches_past_the_window() -> None:
@@ -173,3 +182,39 @@ def test_only_a_cpu_float32_sdpa_model_attends_this_way(tiny_model_dir: Path) ->
     assert not use_cascade_attention(with_sinks)
     plain = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     assert use_cascade_attention(plain)
+
+
+def test_siblings_share_prompt_keys_only_when_copied_from_one_prefill(tiny_model_dir: Path) -> None:
+    """Three slots for five samples: the first three are prefilled together (one runs the
+    prompt, two copy it), the last two later, after the first three finish — their keys come
+    from another prefill and must not be read as the first three's."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = Engine(model, tokenizer, max_num_seqs=3, max_model_len=64)
+    try:
+        params = SamplingParams(max_tokens=4, temperature=1.0, seed=0, ignore_eos=True)
+        request = engine.submit([5 + i for i in range(12)], params, n=5)
+        request.done.result(timeout=60)
+    finally:
+        engine.shutdown()
+    keys = [sequence.prompt_keys for sequence in request.sequences]
+    assert keys[0] == keys[1] == keys[2]
+    assert keys[3] == keys[4] != keys[0]
+
+
+def test_a_pass_the_model_did_not_attend_by_plan_fails_and_turns_cascade_off(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(CascadePlan, "all_attended", lambda self: False)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    engine = Engine(model, tokenizer, max_num_seqs=4, max_model_len=64)
+    try:
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        void = engine.submit([5, 6, 7, 8], params, n=2).done.result(timeout=60)
+        assert {output.finish_reason for output in void} == {"abort"}
+        assert not engine.cascade
+        after = engine.submit([5, 6, 7, 8], params, n=2).done.result(timeout=60)
+        assert [len(output.token_ids) for output in after] == [4, 4]
+    finally:
+        engine.shutdown()
