@@ -32,7 +32,7 @@ from asyncrl.transport.batches import read_batch
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
 
-STEPS = 2
+STEPS = 3  # two chances to move the weights before the last batch is sampled
 SEQ_LEN = 384
 END_OF_TURN = 2  # <|im_end|>: SmolLM2's EOS and padding token
 DEFAULT_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM"
@@ -90,7 +90,15 @@ def test_the_real_model_trains_on_policy_with_its_template_eos_and_tied_head(
     assert [r["step"] for r in trainer] == list(range(1, STEPS + 1))
     kl = [r["trainer/mismatch_kl"] for r in trainer]
     assert max(kl) <= 1e-6, f"mismatch KL per step {kl}: the server's weights are not the trainer's"
-    assert min(r["trainer/grad_norm"] for r in trainer) > 0  # the weights did move
+    # the weights moved before the last batch was sampled, or its KL would check nothing; a
+    # batch whose every group tied (chain_sum's 16 tokens nearly always score 0, and four tool
+    # episodes can come out alone identical: 2026-11-28, CI at 6ac3328) has no gradient, so it
+    # is every step with a signal that must move them, and one of the first two must have one
+    grad_norms = {r["step"]: r["trainer/grad_norm"] for r in trainer}
+    signal = {r["step"]: r["orchestrator/zero_advantage_groups"] < 1 for r in orchestrator
+              if "orchestrator/zero_advantage_groups" in r}  # fmt: skip
+    assert all(grad_norms[step] > 0 for step, has in signal.items() if has), (grad_norms, signal)
+    assert any(grad_norms[step] > 0 for step in range(1, STEPS)), grad_norms
     assert max(r.get("orchestrator/episode/turns_max", 0) for r in orchestrator) >= 2
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
