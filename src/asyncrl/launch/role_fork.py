@@ -11,7 +11,7 @@ What a fork must not carry over, and does not: the launcher's threads (a fork ha
 the launcher runs no other Python thread; else the role is started by exec, as before), its
 open files (closed in the child, as `close_fds` does), its signal handlers and atexit hooks, its
 logging handlers and console, its torch thread count (libgomp read `OMP_NUM_THREADS` when the
-launcher imported torch, so the child sets the role's own), its numpy random state. The
+launcher imported torch, so the child sets the role's own), its torch and numpy random states. The
 launcher only imports: it never runs a torch kernel, so no OpenMP pool is forked mid-use.
 
 `role_start: exec` in the run's config turns this off (a fresh interpreter per role), and so
@@ -209,6 +209,8 @@ def _take_own_threads_and_randomness() -> None:
     threads = os.environ.get("OMP_NUM_THREADS", "")
     if torch is not None and threads.isdigit() and int(threads) > 0:
         torch.set_num_threads(int(threads))
+    if torch is not None:  # else every role, and every restart, drew the launcher's numbers:
+        torch.seed()  # two replicas sampled with one stream, a restarted server replayed it
     numpy = sys.modules.get("numpy")
     if numpy is not None:
         numpy.random.seed()  # a fresh interpreter seeds from the OS, not from its parent

@@ -1,7 +1,8 @@
 """A role forked from the launcher starts as a fresh `python -m asyncrl.cli <role>` would: its
-own session, streams, environment, command line, thread count, signals and exit code, none of
-the launcher's open files. The child runs `asyncrl.cli.main`, patched here (the fork carries the
-patch over) to report what it sees; the integration tests run real roles this way."""
+own session, streams, environment, command line, thread count, signals, random numbers and exit
+code, none of the launcher's open files. The child runs `asyncrl.cli.main`, patched here (the
+fork carries the patch over) to report what it sees; the integration tests run real roles this
+way."""
 
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_a_forked_role_sees_what_a_fresh_process_would(
     threads = 1 if torch.get_num_threads() != 1 else 2  # not what the launcher has
 
     def probe(arguments: list[str]) -> int:
+        draws = torch.rand(4).tolist()  # first: the engine samples from torch's own generator
         a = torch.randn(600, 600)
         for _ in range(3):
             a = torch.tanh(a @ a)  # the child's own OpenMP pool: it must not hang
@@ -62,6 +64,7 @@ def test_a_forked_role_sees_what_a_fresh_process_would(
             "threads": torch.get_num_threads(),
             "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
             "sigterm_default": signal.getsignal(signal.SIGTERM) == signal.SIG_DFL,
+            "draws": draws,
         }
         report.write_text(json.dumps(seen))
         print("said on stdout")
@@ -87,6 +90,9 @@ def test_a_forked_role_sees_what_a_fresh_process_would(
     assert len(seen["fds"]) <= 4 and seen["fds"][:3] == [0, 1, 2]
     log = (tmp_path / "logs" / "probe.log").read_text()
     assert "said on stdout" in log and "said on stderr" in log
+    # the launcher has drawn nothing since the fork: a child that kept its generator's state
+    # would have drawn these very numbers
+    assert seen["draws"] != torch.rand(4).tolist()
 
 
 def test_a_forked_role_that_raises_leaves_its_traceback_and_exits_1(
