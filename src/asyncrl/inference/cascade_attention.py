@@ -25,6 +25,8 @@ attention needs what SDPA alone gives (soft-capping, sinks).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +35,10 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from asyncrl.log import get_logger
 from asyncrl.models.attention_layers import sliding_window
+
+logger = get_logger(__name__)
 
 NAME = "asyncrl_cascade"
 PLAN_ARGUMENT = "asyncrl_cascade_plan"  # how a pass's plan reaches the attention of each layer
@@ -53,7 +58,7 @@ class CascadePlan:
     slots: torch.Tensor | slice  # the rows' slots (a slice when consecutive: no gather)
     suffix_start: int  # the shortest prompt: where every row's own keys begin
     suffix_mask: torch.Tensor  # [rows, 1, 1, kv_len - suffix_start] 0 on a row's own keys
-    # layers that attended this way, appended as they do: for `check_attended`
+    # layers that attended this way, appended as they do: for `all_attended`
     attended: list[int] = field(default_factory=list)
 
     def all_attended(self) -> bool:
@@ -62,6 +67,36 @@ class CascadePlan:
         that does not pass its keyword arguments on to its attention, or that picks its own
         kernel, would have attended over every slot)."""
         return sorted(self.attended) == sorted(self.layers)
+
+
+class PlanIgnored(RuntimeError):
+    """A forward pass in which a planned layer did not attend through `cascade_attention`."""
+
+
+@contextlib.contextmanager
+def attending_by(plan: CascadePlan | None, model_type: str) -> Iterator[None]:
+    """Around a forward pass given `plan`: where a planned layer did not attend through
+    `cascade_attention` (a model that does not hand its keyword arguments on to its attention,
+    or picks its own kernel) it saw every slot's keys, so the pass raises `PlanIgnored` (from
+    the error, where the wrong shapes already raised one) and its tokens are never used."""
+    try:
+        yield
+    except Exception as error:
+        if plan is not None and not plan.all_attended():
+            raise _ignored(plan, model_type) from error
+        raise
+    if plan is not None and not plan.all_attended():
+        raise _ignored(plan, model_type)
+
+
+def _ignored(plan: CascadePlan, model_type: str) -> PlanIgnored:
+    missing = sorted(plan.layers - set(plan.attended))
+    message = (
+        f"cascade attention: {model_type}'s layers {missing} did not attend through it (they "
+        "saw every slot's keys); this pass's requests are aborted and cascade is off from now on"
+    )
+    logger.error(message)
+    return PlanIgnored(message)
 
 
 def cascade_layers(config: Any, num_layers: int, reach: int) -> frozenset[int]:

@@ -18,7 +18,13 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from asyncrl.inference.blocked_head import use_blocked_head
-from asyncrl.inference.cascade_attention import PLAN_ARGUMENT, plan_cascade, use_cascade_attention
+from asyncrl.inference.cascade_attention import (
+    PLAN_ARGUMENT,
+    PlanIgnored,
+    attending_by,
+    plan_cascade,
+    use_cascade_attention,
+)
 from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
@@ -282,8 +288,10 @@ class Engine(EngineThread):
         if self.cascade and not prefill:
             prompt_lens = [len(s.request.prompt_ids) for s in run]
             keys = [s.prompt_keys for s in run]
-            plan = plan_cascade(slots, starts, prompt_lens, keys, self.model.config, self.device)  # type: ignore[arg-type]
-        self.cache.prepare(slots, starts, width, plan.layers if plan else frozenset())  # type: ignore[arg-type]
+            config = self.model.config
+            plan = plan_cascade(slots, starts, prompt_lens, keys, config, self.device)  # type: ignore[arg-type]
+        whole_layers = plan.layers if plan else frozenset()
+        self.cache.prepare(slots, starts, width, whole_layers)  # type: ignore[arg-type]
         last = torch.tensor(lengths, device=self.device) - 1
         # the LM head runs at each row's last position only (a prompt's others predict nothing):
         # at a real vocabulary it is a fifth of a token's work, and [rows, width, vocab] logits
@@ -292,19 +300,22 @@ class Engine(EngineThread):
         query_positions = self.cache.position_ids()  # [rows, width]
         mask = self.cache.attention_mask()  # [rows, 1, width, kv_len]
         key_positions = torch.arange(mask.shape[-1], device=self.device).unsqueeze(0)
-        logits = self.model(
-            input_ids=torch.tensor(rows, device=self.device),
-            position_ids=query_positions,
-            # per layer type: a sliding-window layer (Gemma 3) must not see past its window
-            attention_mask=layer_masks(self.model.config, mask, query_positions, key_positions),
-            use_cache=True,
-            logits_to_keep=positions,
-            **{self._cache_argument: self.cache},
-            **({PLAN_ARGUMENT: plan} if plan else {}),
-        ).logits  # [rows, len(positions), vocab]
-        if plan is not None and not plan.all_attended():
-            self.cascade = False  # the model's attention ignored the plan: void, and off
-            raise RuntimeError(f"{self.model.config.model_type} did not attend by its plan")
+        # per layer type: a sliding-window layer (Gemma 3) must not see past its window
+        masks = layer_masks(self.model.config, mask, query_positions, key_positions)
+        try:
+            with attending_by(plan, self.model.config.model_type):
+                logits = self.model(
+                    input_ids=torch.tensor(rows, device=self.device),
+                    position_ids=query_positions,
+                    attention_mask=masks,
+                    use_cache=True,
+                    logits_to_keep=positions,
+                    **{self._cache_argument: self.cache},
+                    **({PLAN_ARGUMENT: plan} if plan else {}),
+                ).logits  # [rows, len(positions), vocab]
+        except PlanIgnored:
+            self.cascade = False  # from now on: the model's attention does not take plans
+            raise
         kept = torch.searchsorted(positions, last)
         step_logits = logits[torch.arange(len(run), device=self.device), kept]
         if prefill:  # keys computed now: no other sequence holds these

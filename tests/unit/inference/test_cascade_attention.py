@@ -18,6 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncrl.inference import engine as engine_module
 from asyncrl.inference.cascade_attention import (
     CascadePlan,
+    PlanIgnored,
+    attending_by,
     cascade_attention,
     cascade_layers,
     plan_cascade,
@@ -203,12 +205,16 @@ def test_siblings_share_prompt_keys_only_when_copied_from_one_prefill(tiny_model
 
 
 def test_a_pass_the_model_did_not_attend_by_plan_fails_and_turns_cascade_off(
-    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path,
 ) -> None:
-    monkeypatch.setattr(CascadePlan, "all_attended", lambda self: False)
+    """A model whose attention ignores the plan (here: switched back to plain SDPA after the
+    engine chose cascade) sees every slot's keys: that pass's requests are aborted, cascade goes
+    off, and the next request is served as without it."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     engine = Engine(model, tokenizer, max_num_seqs=4, max_model_len=64)
+    assert engine.cascade
+    model.config._attn_implementation = "sdpa"
     try:
         params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
         void = engine.submit([5, 6, 7, 8], params, n=2).done.result(timeout=60)
@@ -218,3 +224,16 @@ def test_a_pass_the_model_did_not_attend_by_plan_fails_and_turns_cascade_off(
         assert [len(output.token_ids) for output in after] == [4, 4]
     finally:
         engine.shutdown()
+
+
+def test_a_plan_not_attended_by_every_layer_raises_even_where_the_pass_did_not() -> None:
+    plan = plan_cascade([0, 1], [5, 5], [4, 4], [3, 3], ONE_LAYER, CPU)
+    assert plan is not None
+    with (
+        pytest.raises(PlanIgnored, match=r"llama's layers \[0\] did not attend"),
+        attending_by(plan, "llama"),
+    ):
+        pass
+    plan.attended.append(0)
+    with attending_by(plan, "llama"):
+        pass
