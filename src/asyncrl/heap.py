@@ -9,13 +9,22 @@ each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a two-mi
 run, 0.5 million with the thresholds below, and the engine 2–8 % faster at 64 rows (at 32, no
 difference resolved; benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB (the
 ceiling of glibc's own dynamic threshold, and half of a thread arena's heap, which a larger block
-could not come from anyway) are still mapped per allocation: the trainer's logits. The cost: a
-process keeps up to its peak of such blocks, in each thread's arena, instead of returning them.
+could not come from anyway) are still mapped per allocation: the trainer's logits.
 
-Applied as each role starts (`asyncrl.cli`), before it allocates tensors. glibc's own
-`MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` (or the same in `GLIBC_TUNABLES`) in the
-environment win: set either and asyncrl leaves both alone; `ASYNCRL_KEEP_FREED_MEMORY=0`
-leaves malloc's defaults (to compare). Elsewhere (musl, macOS) it does nothing.
+The thresholds hold in malloc's main arena. A thread that is not the main one (the engine steps
+on its own) gets an arena of its own made of 64 MiB heaps, and a heap that empties is unmapped
+whatever the thresholds: a decode pass whose temporaries outgrow one heap faulted its pages in
+afresh every pass — 0.7–0.9 million faults per 128 passes at 64 rows in some engine processes,
+a few hundred in others, by where the pass's blocks happened to fall (RESULTS, 2026-11-28
+(late)). So every thread here allocates from the main arena (`M_ARENA_MAX` 1); its lock is
+uncontended in practice, since one thread of a role does the tensor work. The cost: a process
+keeps up to its peak of such blocks instead of returning them.
+
+Applied as each role starts (`asyncrl.cli`, the launcher included, so roles forked from it
+inherit no other arena), before it allocates tensors. glibc's own `MALLOC_MMAP_THRESHOLD_` /
+`MALLOC_TRIM_THRESHOLD_` / `MALLOC_ARENA_MAX` (or the same in `GLIBC_TUNABLES`) in the
+environment win: set any and asyncrl leaves malloc alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves
+malloc's defaults (to compare). Elsewhere (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
@@ -30,17 +39,21 @@ logger = get_logger(__name__)
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
+M_ARENA_MAX = -8
 # glibc's ceiling for its own dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
-GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
-GLIBC_TUNABLE_NAMES = ("glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold")
+GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+GLIBC_TUNABLE_NAMES = (
+    "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.arena_max",
+)  # fmt: skip
 SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
-    """Raise malloc's mmap and trim thresholds in this process; True if they were set. A
-    `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a ValueError naming it."""
+    """Raise malloc's mmap and trim thresholds in this process and give every thread the main
+    arena; True if all three were set. A `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a
+    ValueError naming it."""
     switch = os.environ.get(SWITCH, "1")
     if switch not in ("0", "1"):
         raise ValueError(
@@ -62,6 +75,7 @@ def keep_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
     done = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
+    done = mallopt(M_ARENA_MAX, 1) == 1 and done
     if not done:
-        logger.debug("mallopt refused asyncrl's thresholds; malloc keeps its defaults")
+        logger.debug("mallopt refused some of asyncrl's settings; malloc keeps its defaults there")
     return done
