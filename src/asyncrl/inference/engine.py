@@ -9,7 +9,6 @@ running batch between decode steps, and finished ones leave it at once.
 from __future__ import annotations
 
 import inspect
-import math
 import time
 from collections import deque
 from collections.abc import Iterable
@@ -31,7 +30,7 @@ from asyncrl.inference.engine_thread import EngineThread
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.prefill_plan import prefill_groups, share_prompts
 from asyncrl.inference.prefix_cache import PrefixCache
-from asyncrl.inference.sampling import SampleResult, SequenceView, sample
+from asyncrl.inference.sampling import SampleResult, SequenceView, sample, sample_rows_apart
 from asyncrl.inference.sequences import (
     Request,
     Sequence,
@@ -352,30 +351,12 @@ class Engine(EngineThread):
                 self._check_finished(sequence)
 
     def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:
-        """Sample the batch; if that raises, row by row (results on the CPU, where the caller
-        reads them), so that only the rows that raise fail."""
+        """Sample the batch; if that raises, row by row, so that only the rows that raise fail."""
         try:
             return sample(logits, views, self.eos_token_ids)
         except Exception:
             logger.exception("sampling the batch failed; sampling row by row")
-        rows: list[SampleResult] = []
-        failed: list[int] = []
-        for row, view in enumerate(views):
-            try:
-                rows.append(sample(logits[row : row + 1], [view], self.eos_token_ids))
-            except Exception:
-                failed.append(row)
-                rows.append(SampleResult(torch.zeros(1, dtype=torch.long), torch.zeros(1)))
-        width = max((r.top_ids.shape[1] for r in rows if r.top_ids is not None), default=0)
-        return SampleResult(
-            torch.cat([r.tokens.cpu() for r in rows]),
-            torch.cat([r.logprobs.cpu() for r in rows]),
-            torch.cat([_top(r.top_ids, width, 0, torch.long) for r in rows]) if width else None,
-            torch.cat([_top(r.top_logprobs, width, -math.inf, torch.float32) for r in rows])
-            if width
-            else None,
-            sorted(failed + [row for row, r in enumerate(rows) if r.failed]),
-        )
+        return sample_rows_apart(logits, views, self.eos_token_ids)
 
     def _check_finished(self, sequence: Sequence) -> None:
         params = sequence.request.params
@@ -431,12 +412,3 @@ class Engine(EngineThread):
         if all(s.finish_reason is not None for s in request.sequences) and not request.done.done():
             request.done.set_result([completion_output(s) for s in request.sequences])
         self._condition.notify_all()
-
-
-def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
-    """One row of top ids / logprobs padded to `width` columns (rows may ask for fewer)."""
-    if values is None:
-        return torch.full((1, width), fill, dtype=dtype)
-    values = values.cpu()
-    missing = width - values.shape[1]
-    return torch.nn.functional.pad(values, (0, missing), value=fill) if missing else values

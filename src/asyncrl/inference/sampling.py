@@ -13,6 +13,7 @@ stand-in and reported in `SampleResult.failed`, for the engine to abort that seq
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -187,3 +188,38 @@ def sample(
         top_logprobs, top_ids = torch.topk(logprobs_all, min(wanted, logprobs_all.shape[-1]))
         return SampleResult(tokens, chosen, top_ids, top_logprobs, failed)
     return SampleResult(tokens, chosen, None, None, failed)
+
+
+def sample_rows_apart(
+    logits: torch.Tensor, sequences: list[SequenceView], eos_token_ids: list[int]
+) -> SampleResult:
+    """`sample` row by row, for a batch whose `sample` raised: a row that raises again is
+    reported in `failed` (with a stand-in token), so only the rows that raise lose their
+    sequence. Results on the CPU, where the engine reads them."""
+    rows: list[SampleResult] = []
+    failed: list[int] = []
+    for row, sequence in enumerate(sequences):
+        try:
+            rows.append(sample(logits[row : row + 1], [sequence], eos_token_ids))
+        except Exception:
+            failed.append(row)
+            rows.append(SampleResult(torch.zeros(1, dtype=torch.long), torch.zeros(1)))
+    width = max((r.top_ids.shape[1] for r in rows if r.top_ids is not None), default=0)
+    return SampleResult(
+        torch.cat([r.tokens.cpu() for r in rows]),
+        torch.cat([r.logprobs.cpu() for r in rows]),
+        torch.cat([_top(r.top_ids, width, 0, torch.long) for r in rows]) if width else None,
+        torch.cat([_top(r.top_logprobs, width, -math.inf, torch.float32) for r in rows])
+        if width
+        else None,
+        sorted(failed + [row for row, r in enumerate(rows) if r.failed]),
+    )
+
+
+def _top(values: torch.Tensor | None, width: int, fill: float, dtype: torch.dtype) -> torch.Tensor:
+    """One row of top ids / logprobs padded to `width` columns (rows may ask for fewer)."""
+    if values is None:
+        return torch.full((1, width), fill, dtype=dtype)
+    values = values.cpu()
+    missing = width - values.shape[1]
+    return torch.nn.functional.pad(values, (0, missing), value=fill) if missing else values

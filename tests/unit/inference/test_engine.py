@@ -7,6 +7,7 @@ import time
 import pytest
 
 from asyncrl.inference import engine as engine_module
+from asyncrl.inference import sampling as sampling_module
 from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.sampling import SamplingParams
@@ -93,6 +94,7 @@ def test_a_sampling_error_aborts_only_the_row_that_raised(
         return real_sample(logits, views, eos_token_ids)
 
     monkeypatch.setattr(engine_module, "sample", sample)
+    monkeypatch.setattr(sampling_module, "sample", sample)  # row by row too
     alone = engine.submit([70, 71], SEEDED).done.result(timeout=60)[0]
     engine.pause("keep")  # both arrive before the next step: one batch
     other = engine.submit([70, 71], SEEDED)
