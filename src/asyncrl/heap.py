@@ -5,26 +5,29 @@ mapped fresh and unmapped when freed, and the heap's free top is returned to the
 the trim threshold; either way the next tensor of that size starts on untouched pages, and the
 kernel zeroes each 4 KiB page on its first write (a minor page fault). The embedded engine
 makes a [rows, vocabulary] logits tensor and its sampler's copies every decode pass (12.5 MB
-each at 64 rows of a 49k vocabulary): 3.1–4.1 million minor faults in a two-minute generation
-run, 0.5 million with the thresholds below, and the engine 2–8 % faster at 64 rows (at 32, no
-difference resolved; benchmarks/RESULTS.md, 2026-11-28 (evening)). Tensors above 32 MiB (the
-ceiling of glibc's own dynamic threshold, and half of a thread arena's heap, which a larger block
-could not come from anyway) are still mapped per allocation: the trainer's logits.
+each at 64 rows of a 49k vocabulary), the trainer [tokens, vocabulary] logits of hundreds of
+MB every step. What is set here, as each role starts (benchmarks/RESULTS.md, 2026-11-28
+(evening) and (late)):
 
-The thresholds hold in malloc's main arena. A thread that is not the main one (the engine steps
-on its own) gets an arena of its own made of 64 MiB heaps, and a heap that empties is unmapped
-whatever the thresholds: a decode pass whose temporaries outgrow one heap faulted its pages in
-afresh every pass — 0.7–0.9 million faults per 128 passes at 64 rows in some engine processes,
-a few hundred in others, by where the pass's blocks happened to fall (RESULTS, 2026-11-28
-(late)). So every thread here allocates from the main arena (`M_ARENA_MAX` 1); its lock is
-uncontended in practice, since one thread of a role does the tensor work. The cost: a process
-keeps up to its peak of such blocks instead of returning them.
+- mmap threshold at glibc's 32 MiB ceiling, trim threshold 1 GiB: a block up to 32 MiB, and
+  a freed heap top up to 1 GiB, stay for the next tensors (the engine: 3.1–4.1 → 0.5 million
+  faults in a two-minute generation run, 2–8 % faster at 64 rows);
+- no block mapped on its own (`M_MMAP_MAX` 0), since the threshold cannot go past 32 MiB: the
+  trainer's logits come from the heap too and are reused (a LoRA step of the quick start's
+  shape: 2.1 → 0.7 million faults over a run, 5.38 → 5.02 s a step, 60 MB more peak);
+- one arena for every thread (`M_ARENA_MAX` 1): a thread other than the main one (the engine
+  steps on its own) got an arena of 64 MiB heaps, unmapped once empty whatever the thresholds;
+  a decode pass whose temporaries outgrew one heap faulted its pages in afresh, 0.7–0.9 million
+  faults per 128 passes at 64 rows in some engine processes and a few hundred in others, by
+  where its blocks fell. The arena's lock is uncontended in practice: one thread of a role does
+  the tensor work.
 
-Applied as each role starts (`asyncrl.cli`, the launcher included, so roles forked from it
-inherit no other arena), before it allocates tensors. glibc's own `MALLOC_MMAP_THRESHOLD_` /
-`MALLOC_TRIM_THRESHOLD_` / `MALLOC_ARENA_MAX` (or the same in `GLIBC_TUNABLES`) in the
-environment win: set any and asyncrl leaves malloc alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves
-malloc's defaults (to compare). Elsewhere (musl, macOS) it does nothing.
+The cost: a process keeps up to its peak of freed blocks instead of returning them. Applied in
+`asyncrl.cli` before a role's first tensor, the launcher included (roles forked from it inherit
+no other arena). glibc's own `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` /
+`MALLOC_MMAP_MAX_` / `MALLOC_ARENA_MAX` (or the same in `GLIBC_TUNABLES`) in the environment
+win: set any and asyncrl leaves malloc alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves malloc's
+defaults (to compare). Elsewhere (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
@@ -39,21 +42,25 @@ logger = get_logger(__name__)
 
 M_TRIM_THRESHOLD = -1  # mallopt parameters, from glibc's malloc.h
 M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 M_ARENA_MAX = -8
 # glibc's ceiling for its own dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
-GLIBC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX")
+GLIBC_VARIABLES = (
+    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX",
+)  # fmt: skip
 GLIBC_TUNABLE_NAMES = (
-    "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.arena_max",
+    "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.mmap_max",
+    "glibc.malloc.arena_max",
 )  # fmt: skip
 SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
-    """Raise malloc's mmap and trim thresholds in this process and give every thread the main
-    arena; True if all three were set. A `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a
-    ValueError naming it."""
+    """Raise malloc's mmap and trim thresholds in this process, map no block on its own and
+    give every thread the main arena; True if all four were set. A
+    `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a ValueError naming it."""
     switch = os.environ.get(SWITCH, "1")
     if switch not in ("0", "1"):
         raise ValueError(
@@ -75,6 +82,7 @@ def keep_freed_memory() -> bool:
     mallopt.restype = ctypes.c_int
     done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
     done = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
+    done = mallopt(M_MMAP_MAX, 0) == 1 and done
     done = mallopt(M_ARENA_MAX, 1) == 1 and done
     if not done:
         logger.debug("mallopt refused some of asyncrl's settings; malloc keeps its defaults there")
