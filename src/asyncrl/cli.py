@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         apply_cpu_affinity()  # before torch starts its threads
-        keep_freed_memory()  # before the role's first tensor: no page faults for reused sizes
+        # before the role's first tensor and its first thread (an arena made earlier would be
+        # reused): no page faults for reused sizes
+        keep_freed_memory()
     except ValueError as error:
         print(f"asyncrl {name}: {error}", file=sys.stderr)
         return 2

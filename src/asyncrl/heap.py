@@ -19,15 +19,18 @@ MB every step. What is set here, as each role starts (benchmarks/RESULTS.md, 202
   steps on its own) got an arena of 64 MiB heaps, unmapped once empty whatever the thresholds;
   a decode pass whose temporaries outgrew one heap faulted its pages in afresh, 0.7–0.9 million
   faults per 128 passes at 64 rows in some engine processes and a few hundred in others, by
-  where its blocks fell. The arena's lock is uncontended in practice: one thread of a role does
-  the tensor work.
+  where its blocks fell. Threads that allocate at once now wait on one lock; a role's tensor
+  work runs on one thread (intra-op threads allocate little), and the engine measured no slower
+  with it.
 
-The cost: a process keeps up to its peak of freed blocks instead of returning them. Applied in
-`asyncrl.cli` before a role's first tensor, the launcher included (roles forked from it inherit
-no other arena). glibc's own `MALLOC_MMAP_THRESHOLD_` / `MALLOC_TRIM_THRESHOLD_` /
-`MALLOC_MMAP_MAX_` / `MALLOC_ARENA_MAX` (or the same in `GLIBC_TUNABLES`) in the environment
-win: set any and asyncrl leaves malloc alone; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves malloc's
-defaults (to compare). Elsewhere (musl, macOS) it does nothing.
+The cost: a process keeps up to its peak of freed blocks instead of returning them (a free
+top past 1 GiB excepted). Applied in `asyncrl.cli` by every command (`plot` and
+`migrate-checkpoint` excepted) before its first tensor and its first thread (an arena made
+earlier would be reused), the launcher included, so roles forked from it inherit no other
+arena. glibc's own variables win, each for its part: `MALLOC_MMAP_THRESHOLD_` or
+`MALLOC_MMAP_MAX_` (the two mmap settings), `MALLOC_TRIM_THRESHOLD_`, `MALLOC_ARENA_MAX`, or the
+same names in `GLIBC_TUNABLES`; `ASYNCRL_KEEP_FREED_MEMORY=0` leaves
+malloc's defaults (to compare). Elsewhere (musl, macOS) it does nothing.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from typing import NamedTuple
 
 from asyncrl.log import get_logger
 
@@ -47,20 +51,34 @@ M_ARENA_MAX = -8
 # glibc's ceiling for its own dynamic threshold on 64-bit (DEFAULT_MMAP_THRESHOLD_MAX)
 MMAP_THRESHOLD_MAX = 32 * 1024 * 1024
 TRIM_THRESHOLD = 1024 * 1024 * 1024  # a freed heap top up to 1 GiB stays for the next tensors
-GLIBC_VARIABLES = (
-    "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_MAX_", "MALLOC_ARENA_MAX",
-)  # fmt: skip
-GLIBC_TUNABLE_NAMES = (
-    "glibc.malloc.mmap_threshold", "glibc.malloc.trim_threshold", "glibc.malloc.mmap_max",
-    "glibc.malloc.arena_max",
+
+
+class MallocSetting(NamedTuple):
+    """What asyncrl sets (mallopt parameter, value) and the glibc variables and tunables by
+    which a user sets the same thing instead."""
+
+    parameters: tuple[tuple[int, int], ...]
+    variables: tuple[str, ...]
+    tunables: tuple[str, ...]
+
+
+# the mmap threshold and count go together: a user's threshold means nothing without mmaps
+SETTINGS = (
+    MallocSetting(((M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), (M_MMAP_MAX, 0)),
+                  ("MALLOC_MMAP_THRESHOLD_", "MALLOC_MMAP_MAX_"),
+                  ("glibc.malloc.mmap_threshold", "glibc.malloc.mmap_max")),
+    MallocSetting(((M_TRIM_THRESHOLD, TRIM_THRESHOLD),), ("MALLOC_TRIM_THRESHOLD_",),
+                  ("glibc.malloc.trim_threshold",)),
+    MallocSetting(((M_ARENA_MAX, 1),), ("MALLOC_ARENA_MAX",), ("glibc.malloc.arena_max",)),
 )  # fmt: skip
 SWITCH = "ASYNCRL_KEEP_FREED_MEMORY"
 
 
 def keep_freed_memory() -> bool:
     """Raise malloc's mmap and trim thresholds in this process, map no block on its own and
-    give every thread the main arena; True if all four were set. A
-    `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a ValueError naming it."""
+    give every thread the main arena, except what the environment sets itself; True if all
+    four were set here. A `ASYNCRL_KEEP_FREED_MEMORY` other than 1 or 0 is a ValueError
+    naming it."""
     switch = os.environ.get(SWITCH, "1")
     if switch not in ("0", "1"):
         raise ValueError(
@@ -70,20 +88,22 @@ def keep_freed_memory() -> bool:
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if switch == "0" or not sys.platform.startswith("linux"):
         return False
-    if any(v in os.environ for v in GLIBC_VARIABLES):
-        return False
-    if any(name in tunables for name in GLIBC_TUNABLE_NAMES):
-        return False
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the process's own symbols: its C library's
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    done = mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX) == 1
-    done = mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 and done
-    done = mallopt(M_MMAP_MAX, 0) == 1 and done
-    done = mallopt(M_ARENA_MAX, 1) == 1 and done
-    if not done:
-        logger.debug("mallopt refused some of asyncrl's settings; malloc keeps its defaults there")
+    done = True
+    for setting in SETTINGS:
+        users = [v for v in setting.variables if v in os.environ]
+        users += [name for name in setting.tunables if name in tunables]
+        if users:  # the user's own setting wins, for this one only
+            logger.info("malloc: %s set in the environment; asyncrl leaves that alone", users[0])
+            done = False
+            continue
+        for parameter, value in setting.parameters:
+            if mallopt(parameter, value) != 1:
+                logger.debug("mallopt refused parameter %d = %d", parameter, value)
+                done = False
     return done

@@ -18,8 +18,9 @@ from asyncrl.heap import SWITCH, keep_freed_memory
 # raises its mmap threshold past a freed block's size (up to 32 MiB) but trims the heap's free
 # top once it exceeds twice that, and a thread's arena unmaps a 64 MiB heap once it empties.
 CHILD = """
-import json, resource, sys, threading
+import ctypes, json, resource, sys, threading
 from asyncrl.heap import keep_freed_memory
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: a fault per 4 KiB page, as counted
 mode, count, size, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 kept = keep_freed_memory() if mode == "keep" else False
 def faults():
@@ -83,11 +84,17 @@ def test_blocks_past_the_largest_mmap_threshold_are_reused_too() -> None:
 
 def test_glibc_s_own_variables_win_and_asyncrl_s_switch_turns_it_off() -> None:
     assert faults("keep", MALLOC_TRIM_THRESHOLD_="131072")["kept"] is False
-    assert faults("keep", MALLOC_ARENA_MAX="4")["kept"] is False
     assert faults("keep", MALLOC_MMAP_MAX_="65536")["kept"] is False
     assert faults("keep", ASYNCRL_KEEP_FREED_MEMORY="0")["kept"] is False
-    tunables = "glibc.malloc.trim_threshold=131072"
-    assert faults("keep", GLIBC_TUNABLES=tunables)["kept"] is False
+    for tunables in ("glibc.malloc.trim_threshold=131072", "glibc.malloc.arena_max=2"):
+        assert faults("keep", GLIBC_TUNABLES=tunables)["kept"] is False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_user_s_arena_count_leaves_asyncrl_s_other_settings_in_place() -> None:
+    # an image that presets MALLOC_ARENA_MAX (common) keeps the blocks past 32 MiB reused
+    kept = faults("keep", 2, 40_000_000, MALLOC_ARENA_MAX="4")
+    assert kept["kept"] is False and kept["faults"] < 2 * 40_000_000 // 4096
 
 
 def test_a_switch_that_is_neither_1_nor_0_is_refused_by_name(
