@@ -20,7 +20,9 @@ from asyncrl.heap import SWITCH, keep_freed_memory
 CHILD = """
 import ctypes, json, resource, sys, threading
 from asyncrl.heap import keep_freed_memory
-ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: a fault per 4 KiB page, as counted
+prctl = getattr(ctypes.CDLL(None), 'prctl', None)  # Linux only
+if prctl is not None:
+    prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: a fault per 4 KiB page, as counted
 mode, count, size, where = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 kept = keep_freed_memory() if mode == "keep" else False
 def faults():
