@@ -24,7 +24,12 @@ from asyncrl.trainer.packing import (
     collate_rows,
     first_fit_decreasing,
 )
-from asyncrl.trainer.shared_prefix import collate_shared_rows, prompt_units, unit_length
+from asyncrl.trainer.shared_prefix import (
+    WIDTH_MULTIPLE,
+    collate_shared_rows,
+    group_rows,
+    prompt_units,
+)
 from asyncrl.types import TrainingBatch, TrainingSample
 
 
@@ -96,31 +101,35 @@ def build_micro_batches(
     weigh = functools.partial(normalisation, totals=totals, config=loss_config or LossConfig())
     chosen = list(range(len(samples))) if only is None else list(only)
     prompt_lengths = [len(s.prompt_ids) for s in batch.samples]
-    if shared_prefix:  # rows of units: a prompt once, then its completions
-        units = prompt_units([s.prompt_ids for s in batch.samples], lengths, chosen, sequence_len)
-        costs = [unit_length(unit, prompt_lengths[unit[0]], lengths) for unit in units]
-    else:  # rows of units of one sample each
-        units, costs = [[index] for index in chosen], [lengths[index] for index in chosen]
-    if packing:
-        rows = [[units[i] for i in row] for row in first_fit_decreasing(costs, sequence_len)]
-    else:  # one unit per row, padded to sequence_len
-        rows = [[unit] for unit in units]
-    size = min(rows_per_micro_batch, max(1, math.ceil(len(rows) / min_micro_batches)))
-    layout = Layout(samples, prompt_lengths, sequence_len, pad_token_id, shared_prefix)
+    capacity = sequence_len  # the widest a row may be
+    if shared_prefix and packing:  # rows of units: a prompt once, then its completions
+        grouped = group_rows([s.prompt_ids for s in batch.samples], lengths, chosen,
+                             sequence_len, rows_per_micro_batch, min_micro_batches)  # fmt: skip
+        rows, capacity, size = grouped.rows, grouped.capacity, grouped.rows_per_pass
+    else:
+        if shared_prefix:  # one unit per row, padded to sequence_len
+            units = prompt_units([s.prompt_ids for s in batch.samples], lengths, chosen,
+                                 sequence_len)  # fmt: skip
+            rows = [[unit] for unit in units]
+        else:  # rows of units of one sample each
+            units, costs = [[index] for index in chosen], [lengths[index] for index in chosen]
+            if packing:
+                rows = [[units[i] for i in row] for row in first_fit_decreasing(costs, capacity)]
+            else:  # one sample per row
+                rows = [[unit] for unit in units]
+        size = min(rows_per_micro_batch, max(1, math.ceil(len(rows) / min_micro_batches)))
+    layout = Layout(samples, prompt_lengths, capacity, pad_token_id, shared_prefix)
     return [
         _micro_batch(rows[start : start + size], layout, batch, loss_counts, weigh)
         for start in range(0, len(rows), size)
     ]
 
 
-ROW_MULTIPLE = 16  # rows are padded to a multiple of this, for the kernels' vector widths
-
-
 @dataclass(frozen=True)
 class Layout:
     samples: list[Sample]
     prompt_lengths: list[int]
-    sequence_len: int
+    capacity: int  # the widest a row may be: `sequence_len`, or a whole group's length
     pad_token_id: int
     shared_prefix: bool
 
@@ -131,11 +140,11 @@ class Layout:
         return prompt + sum(len(self.samples[member].input_ids) - prompt for member in unit)
 
     def width(self, rows: list[list[list[int]]]) -> int:
-        """A micro-batch's rows are as wide as its longest, not `sequence_len`: padding costs
+        """A micro-batch's rows are as wide as its longest, not `capacity`: padding costs
         as much compute as tokens do (a third of the quick start's trainer step was padding),
         and attention's cost grows with the square of the width."""
         longest = max(sum(self.unit_length(unit) for unit in row) for row in rows)
-        return min(self.sequence_len, -(-longest // ROW_MULTIPLE) * ROW_MULTIPLE)
+        return min(self.capacity, -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
 
     def collate(
         self, rows: list[list[list[int]]]

@@ -11,21 +11,26 @@ their prompt token ids form a unit laid out as `prompt, completion_1, …, compl
 - a predictor per token (whose hidden state predicts it): the token before it, except the
   first token of a completion, predicted by the prompt's last token.
 
-A unit costs len(prompt) + Σ len(completion) tokens; one that does not fit a row is split into
-several units of the same prompt. The mask is a dense `[rows, 1, L, L]` boolean for SDPA (and
-eager): fine at these lengths on CPU, O(L²) memory per row on long GPU rows, where a
+A unit costs len(prompt) + Σ len(completion) tokens. A group longer than `sequence_len` is
+either split into several units of the same prompt (each repeats the prompt) or kept whole in
+a row up to twice as wide, whichever lays the batch out in fewer positions (`group_rows`).
+The mask is a dense `[rows, 1, L, L]` boolean for SDPA (and eager): fine at these lengths on
+CPU, O(L²) memory per row on long GPU rows, where a
 FlexAttention block mask would be the better path (not built; the trainer says so on GPUs).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
-from asyncrl.trainer.packing import PackedBatch, Sample, row_width
+from asyncrl.trainer.packing import PackedBatch, Sample, first_fit_decreasing, row_width
 
 PREFIX_BRANCH = 0
+WIDEST_ROW = 2  # a group kept whole widens a row to at most this many times `sequence_len`
+WIDTH_MULTIPLE = 16  # a micro-batch's rows are as wide as its longest, rounded up to this
 
 
 def prompt_units(
@@ -53,6 +58,74 @@ def prompt_units(
 
 def unit_length(unit: Sequence[int], prompt_length: int, lengths: Sequence[int]) -> int:
     return prompt_length + sum(lengths[member] - prompt_length for member in unit)
+
+
+@dataclass(frozen=True)
+class GroupRows:
+    rows: list[list[list[int]]]  # rows of units of sample indices
+    capacity: int  # the widest a row may be
+    rows_per_pass: int  # rows in one micro-batch
+    positions: int  # Σ over micro-batches of rows × width: what the decoder computes
+
+
+def group_rows(
+    prompts: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    chosen: Sequence[int],
+    sequence_len: int,
+    rows_per_micro_batch: int,
+    min_micro_batches: int = 1,
+) -> GroupRows:
+    """Rows of shared-prefix units, packed first-fit decreasing, in the layout with fewer
+    positions: units of at most `sequence_len` tokens, or every group whole in rows as wide as
+    the longest group, where that is at most `WIDEST_ROW` × `sequence_len`.
+
+    Split, a group of G answers longer than a row repeats its prompt in every piece, and the
+    pieces leave rows part empty: the quick start's groups of 8 × 32 tokens behind a 65-token
+    prompt came to 8 rows × 256 positions for 1,263 tokens; whole, to 4 rows × 328. A pass holds
+    at most `rows_per_micro_batch` × `sequence_len` positions either way (fewer, wider rows), so
+    its activation memory is bounded as before; attention spans the wider row (masked per
+    sample, as in a split one), which the fewer positions pay for up to that width."""
+    whole = max(
+        (
+            unit_length(unit, len(prompts[unit[0]]), lengths)
+            for unit in prompt_units(prompts, lengths, chosen, capacity=2**62)
+        ),
+        default=0,
+    )
+    capacities = [sequence_len]
+    if sequence_len < whole <= WIDEST_ROW * sequence_len:
+        capacities.append(-(-whole // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+    layouts = [
+        _packed(prompts, lengths, chosen, capacity, rows_per_micro_batch * sequence_len,
+                rows_per_micro_batch, min_micro_batches)
+        for capacity in capacities
+    ]  # fmt: skip
+    return min(layouts, key=lambda layout: layout.positions)  # a tie keeps the narrower
+
+
+def _packed(
+    prompts: Sequence[Sequence[int]],
+    lengths: Sequence[int],
+    chosen: Sequence[int],
+    capacity: int,
+    positions_per_pass: int,
+    rows_per_micro_batch: int,
+    min_micro_batches: int,
+) -> GroupRows:
+    units = prompt_units(prompts, lengths, chosen, capacity)
+    costs = [unit_length(unit, len(prompts[unit[0]]), lengths) for unit in units]
+    bins = first_fit_decreasing(costs, capacity)
+    rows = [[units[i] for i in members] for members in bins]
+    row_costs = [sum(costs[i] for i in members) for members in bins]
+    widest_pass = max(1, min(rows_per_micro_batch, positions_per_pass // capacity))
+    size = min(widest_pass, max(1, -(-len(rows) // min_micro_batches)))
+    positions = 0
+    for start in range(0, len(rows), size):
+        longest = max(row_costs[start : start + size])
+        width = min(capacity, -(-longest // WIDTH_MULTIPLE) * WIDTH_MULTIPLE)
+        positions += len(row_costs[start : start + size]) * width
+    return GroupRows(rows, capacity, size, positions)
 
 
 def collate_shared_rows(

@@ -1,7 +1,7 @@
 """Shared-prefix packing changes nothing but the work: per-token logprobs, entropies, every loss
 type and every gradient equal those of one-sample-at-a-time packing (float32, ≤ 1e-5), on a
 batch with groups of different prompt lengths, masked and truncated completions, a singleton,
-a group too long for one row (split over rows), and with LoRA."""
+a group too long for one row (kept whole in a wider row, or split over rows), and with LoRA."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.parallel import SINGLE_PROCESS
-from asyncrl.trainer.shared_prefix import prompt_units
+from asyncrl.trainer import shared_prefix
+from asyncrl.trainer.shared_prefix import group_rows, prompt_units
 from asyncrl.trainer.train import this_ranks_micro_batches
 from asyncrl.types import TrainingBatch, TrainingSample
 
@@ -66,6 +67,16 @@ def model(tiny_model_dir: Path, lora: bool = False) -> torch.nn.Module:
     return adapted
 
 
+@pytest.fixture(params=["whole", "split"])
+def layout(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways of laying out the group too long for one row: kept whole in a wider row (what
+    `group_rows` picks for this batch) and split over rows (what it picks where a whole group
+    would pass `WIDEST_ROW` × the row)."""
+    if request.param == "split":
+        monkeypatch.setattr(shared_prefix, "WIDEST_ROW", 1)
+    return str(request.param)
+
+
 def micro_batches(shared: bool, normalisation: str = "token") -> list[MicroBatch]:
     return build_micro_batches(batch(), SEQ_LEN, 2, 0, normalisation, shared_prefix=shared)
 
@@ -85,21 +96,48 @@ def per_token(net: torch.nn.Module, mbs: list[MicroBatch]) -> dict[tuple[int, in
     return found
 
 
-def test_a_group_is_its_prompt_once_and_a_long_group_is_split() -> None:
+def test_a_group_is_its_prompt_once_and_a_long_group_is_whole_or_split(layout: str) -> None:
     samples = batch().samples
     lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
     units = prompt_units([s.prompt_ids for s in samples], lengths, range(8), SEQ_LEN)
-    assert units == [[0, 2, 4], [6], [1, 3, 7], [5]]  # the long group did not fit one row
+    assert units == [[0, 2, 4], [6], [1, 3, 7], [5]]  # the long group does not fit one row
 
     def laid_out(mbs: list[MicroBatch]) -> int:
         return sum(int((mb.packed.sample_index >= 0).sum()) for mb in mbs)
 
     completions = sum(len(s.completion_ids) for s in samples)
     assert laid_out(micro_batches(False)) == sum(len(s.prompt_ids) for s in samples) + completions
-    assert laid_out(micro_batches(True)) == 12 + 12 + 3 + 5 + completions  # a prompt per unit
+    shared = micro_batches(True)
+    widest = max(mb.packed.input_ids.shape[1] for mb in shared)
+    if layout == "whole":  # a prompt per group, in a row wider than SEQ_LEN
+        assert laid_out(shared) == 12 + 3 + 5 + completions
+        assert SEQ_LEN < widest <= 2 * SEQ_LEN
+    else:  # a prompt per unit
+        assert laid_out(shared) == 12 + 12 + 3 + 5 + completions
+        assert widest <= SEQ_LEN
 
 
-def test_logprobs_and_entropies_equal_unshared_packing(tiny_model_dir: Path) -> None:
+def test_the_layout_with_fewer_positions_is_chosen() -> None:
+    """The quick start's long answers: 4 groups of 8 × 32 tokens behind 65-token prompts, rows
+    of 256. Split, each group is a 5-answer and a 3-answer unit that cannot share a row: 8 rows
+    × 256; whole, 4 rows × 328. Short answers fit a row as they are; a group past twice the
+    row is split."""
+
+    def rows_of(completion: int, group: int = 8, prompts: int = 4) -> object:
+        prompt_ids = [[p] * 65 for p in range(prompts) for _ in range(group)]
+        lengths = [65 + completion] * len(prompt_ids)
+        return group_rows(prompt_ids, lengths, range(len(prompt_ids)), 256, 8)
+
+    long = rows_of(32)
+    assert (long.capacity, len(long.rows), long.positions) == (336, 4, 4 * 336)
+    assert long.rows_per_pass * long.capacity <= 8 * 256  # a pass holds no more than before
+    short = rows_of(20)  # 65 + 8 × 20 = 225: a group per row of 256
+    assert (short.capacity, len(short.rows)) == (256, 4)
+    huge = rows_of(70)  # 65 + 8 × 70 = 625 > 2 × 256
+    assert huge.capacity == 256
+
+
+def test_logprobs_and_entropies_equal_unshared_packing(tiny_model_dir: Path, layout: str) -> None:
     net = model(tiny_model_dir)
     with torch.no_grad():
         shared, plain = per_token(net, micro_batches(True)), per_token(net, micro_batches(False))
@@ -113,7 +151,7 @@ def test_logprobs_and_entropies_equal_unshared_packing(tiny_model_dir: Path) -> 
 @pytest.mark.parametrize("lora", [False, True])
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_every_loss_and_gradient_equals_unshared_packing(
-    tiny_model_dir: Path, loss_type: str, lora: bool
+    tiny_model_dir: Path, loss_type: str, lora: bool, layout: str
 ) -> None:
     config = LossConfig(type=loss_type)
 
