@@ -4,8 +4,10 @@ A model is a Hugging Face directory, an RL broadcast (full weights, or a LoRA ad
 onto its base here), or a run directory, which stands for every broadcast it holds: one call
 scores a run's checkpoints and prints a table. Generation is a plain batched `model.generate`
 in this process, enough for the tiny models the quick start uses and independent of any
-server; a multi-turn environment's episodes are played here too (`play_episodes.py`). The
-records are those of online evaluation (`monitor/eval_records.py`).
+server; a multi-turn environment's episodes are played here too (`play_episodes.py`). With
+`generator: engine` the embedded engine samples single-turn completions instead, in this
+process too (`engine_completions.py`: the same distribution, in less time). The records are
+those of online evaluation (`monitor/eval_records.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.eval import EvalRunConfig
+from asyncrl.engine_completions import engine_completions
 from asyncrl.envs import Environment, Example, load_environment, score
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.plain_prompt import cut_at_stop
@@ -114,6 +117,7 @@ def evaluate(
     max_tokens: int = 64,
     batch_size: int = 64,
     seed: int = 0,
+    generator: str = "hf",
 ) -> EvalResult:
     was_training = model.training
     model.eval()
@@ -131,15 +135,15 @@ def evaluate(
         ]
         model.train(was_training)
         return EvalResult(statistics.fmean(rewards), rewards, completions, held_out)
-    completions = generate_completions(
-        model,
-        tokenizer,
-        examples,
-        max_tokens=max_tokens,
-        temperature=temperature,
-        batch_size=batch_size,
-        seed=seed,
-    )
+    if generator == "engine":
+        completions = engine_completions(
+            model, tokenizer, examples, max_tokens=max_tokens, temperature=temperature, seed=seed
+        )
+    else:
+        completions = generate_completions(
+            model, tokenizer, examples, max_tokens=max_tokens, temperature=temperature,
+            batch_size=batch_size, seed=seed,
+        )  # fmt: skip
     rewards = [
         score(env, text, example) for text, example in zip(completions, examples, strict=True)
     ]
@@ -199,6 +203,11 @@ def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
     if config.env.address is not None:
         raise ConfigError("env.address: this command runs the environment here; leave it unset")
     env = load_environment(config.env.id, config.env.args)
+    if config.generator == "engine" and is_multi_turn(env):
+        raise ConfigError(
+            f"generator: engine samples single-turn completions; `{config.env.id}` plays "
+            "multi-turn episodes: use `generator: hf`"
+        )
     scored: list[ScoredModel] = []
     for name in models_to_score(config):
         model, tokenizer = load_policy(
@@ -208,7 +217,7 @@ def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
             model, tokenizer, env,
             num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,
             temperature=config.temperature, max_tokens=config.max_tokens,
-            batch_size=config.batch_size, seed=config.seed,
+            batch_size=config.batch_size, seed=config.seed, generator=config.generator,
         )  # fmt: skip
         k = config.rollouts_per_example
         per_example = [

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 
 from asyncrl.config.base import StrictModel
@@ -39,7 +41,14 @@ class EvalRunConfig(StrictModel):
     rollouts_per_example: int = Field(1, gt=0, description="Samples per example.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature (0 = greedy).")
     max_tokens: int = Field(64, gt=0, description="Max new tokens per completion.")
-    batch_size: int = Field(64, gt=0, description="Prompts generated together.")
+    batch_size: int = Field(64, gt=0, description="(generator: hf) Prompts generated together.")
+    generator: Literal["hf", "engine"] = Field(
+        "hf",
+        description="What samples the completions, in this process: `hf`, one batched "
+        "`model.generate` per `batch_size` prompts (independent of asyncrl's engine); `engine`, "
+        "the embedded engine that `asyncrl rl` serves, every prompt in one continuous batch "
+        "(faster; single-turn environments).",
+    )
     seed: int = Field(0, description="Sampling seed.")
     trust_remote_code: bool = Field(False, description="Allow custom model code from the hub.")
 
