@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from asyncrl.inference.blocked_head import use_blocked_head
 from asyncrl.inference.cascade_attention import (
     PLAN_ARGUMENT,
+    CascadePlan,
     PlanIgnored,
     attending_by,
     plan_cascade,
@@ -28,7 +29,7 @@ from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
 from asyncrl.inference.kv_cache import SlotKVCache
-from asyncrl.inference.prefill_plan import prefill_groups, share_prompts
+from asyncrl.inference.prefill_plan import prefill_groups, share_prompts, shared_head
 from asyncrl.inference.prefix_cache import PrefixCache
 from asyncrl.inference.sampling import SampleResult, SequenceView, sample, sample_rows_apart
 from asyncrl.inference.sequences import (
@@ -202,6 +203,8 @@ class Engine(EngineThread):
             return
         started = time.perf_counter()
         admitted = self._admit()
+        if self.share_prompts:
+            self._prefill_shared_head(admitted)
         produced = 0
         for group in prefill_groups(admitted, self.max_model_len):
             self._forward(group, prefill=True)
@@ -289,34 +292,7 @@ class Engine(EngineThread):
             keys = [s.prompt_keys for s in run]
             config = self.model.config
             plan = plan_cascade(slots, starts, prompt_lens, keys, config, self.device)  # type: ignore[arg-type]
-        whole_layers = plan.layers if plan else frozenset()
-        self.cache.prepare(slots, starts, width, whole_layers)  # type: ignore[arg-type]
-        last = torch.tensor(lengths, device=self.device) - 1
-        # the LM head runs at each row's last position only (a prompt's others predict nothing):
-        # at a real vocabulary it is a fifth of a token's work, and [rows, width, vocab] logits
-        # of a long prefill would be hundreds of MB
-        positions = torch.unique(last)  # sorted: row i's logits are at searchsorted(…, last[i])
-        query_positions = self.cache.position_ids()  # [rows, width]
-        mask = self.cache.attention_mask()  # [rows, 1, width, kv_len]
-        key_positions = torch.arange(mask.shape[-1], device=self.device).unsqueeze(0)
-        # per layer type: a sliding-window layer (Gemma 3) must not see past its window
-        masks = layer_masks(self.model.config, mask, query_positions, key_positions)
-        try:
-            with attending_by(plan, self.model.config.model_type):
-                logits = self.model(
-                    input_ids=torch.tensor(rows, device=self.device),
-                    position_ids=query_positions,
-                    attention_mask=masks,
-                    use_cache=True,
-                    logits_to_keep=positions,
-                    **{self._cache_argument: self.cache},
-                    **({PLAN_ARGUMENT: plan} if plan else {}),
-                ).logits  # [rows, len(positions), vocab]
-        except PlanIgnored:
-            self.cascade = False  # from now on: the model's attention does not take plans
-            raise
-        kept = torch.searchsorted(positions, last)
-        step_logits = logits[torch.arange(len(run), device=self.device), kept]
+        step_logits = self._logits(rows, slots, starts, lengths, plan)  # type: ignore[arg-type]
         if prefill:  # keys computed now: no other sequence holds these
             for sequence in run:
                 sequence.prompt_keys = fresh_prompt_keys()
@@ -349,6 +325,61 @@ class Engine(EngineThread):
                     values = result.top_logprobs[row, :wanted].tolist()
                     sequence.top_logprobs.append(list(zip(ids, values, strict=True)))
                 self._check_finished(sequence)
+
+    def _logits(
+        self,
+        rows: list[list[int]],
+        slots: list[int],
+        starts: list[int],
+        lengths: list[int],
+        plan: CascadePlan | None = None,
+    ) -> torch.Tensor:
+        """[rows, vocab]: the model over each row's new tokens (written to its slot's keys and
+        values from `starts`), logits at each row's last one."""
+        whole_layers = plan.layers if plan else frozenset()
+        self.cache.prepare(slots, starts, max(lengths), whole_layers)
+        last = torch.tensor(lengths, device=self.device) - 1
+        # the LM head runs at each row's last position only (a prompt's others predict nothing):
+        # at a real vocabulary it is a fifth of a token's work, and [rows, width, vocab] logits
+        # of a long prefill would be hundreds of MB
+        positions = torch.unique(last)  # sorted: row i's logits are at searchsorted(…, last[i])
+        query_positions = self.cache.position_ids()  # [rows, width]
+        mask = self.cache.attention_mask()  # [rows, 1, width, kv_len]
+        key_positions = torch.arange(mask.shape[-1], device=self.device).unsqueeze(0)
+        # per layer type: a sliding-window layer (Gemma 3) must not see past its window
+        masks = layer_masks(self.model.config, mask, query_positions, key_positions)
+        try:
+            with attending_by(plan, self.model.config.model_type):
+                logits = self.model(
+                    input_ids=torch.tensor(rows, device=self.device),
+                    position_ids=query_positions,
+                    attention_mask=masks,
+                    use_cache=True,
+                    logits_to_keep=positions,
+                    **{self._cache_argument: self.cache},
+                    **({PLAN_ARGUMENT: plan} if plan else {}),
+                ).logits  # [rows, len(positions), vocab]
+        except PlanIgnored:
+            self.cascade = False  # from now on: the model's attention does not take plans
+            raise
+        kept = torch.searchsorted(positions, last)
+        return logits[torch.arange(len(rows), device=self.device), kept]
+
+    def _prefill_shared_head(self, admitted: list[Sequence]) -> None:
+        """Where the requests admitted together begin with the same tokens (a system prompt, a
+        template), run that head once in one slot, copy its keys and values to the others and
+        let each prefill only the rest (`prefill_plan.shared_head`)."""
+        leaders, length = shared_head(admitted)
+        if not leaders:
+            return
+        first = leaders[0]
+        assert first.slot is not None  # admitted: every one holds a slot
+        self._logits([first.request.prompt_ids[:length]], [first.slot], [0], [length])
+        self.stats.prefill_tokens += length
+        for sequence in leaders:
+            if sequence is not first:
+                self.cache.copy_prefix(first.slot, sequence.slot, length)  # type: ignore[arg-type]
+            sequence.cached = length
 
     def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:
         """Sample the batch; if that raises, row by row, so that only the rows that raise fail."""

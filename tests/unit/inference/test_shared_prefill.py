@@ -1,7 +1,8 @@
 """A request for n completions prefills its prompt once: the other n − 1 sequences copy its keys
 and values and sample from its last logits. Tokens and logprobs equal n separate requests
 (greedy, and seeded sampling), before and after a weight update; a preempted sequence, with
-tokens of its own, is prefilled alone."""
+tokens of its own, is prefilled alone. Requests admitted together whose prompts begin with the
+same head run it once; their tokens and logprobs equal an engine that prefills every row apart."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from concurrent.futures import Future
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from asyncrl.inference.engine import Engine
-from asyncrl.inference.prefill_plan import share_prompts
+from asyncrl.inference.prefill_plan import share_prompts, shared_head
 from asyncrl.inference.sampling import SamplingParams
 from asyncrl.inference.sequences import Request, Sequence
 
@@ -76,3 +78,59 @@ def test_a_preempted_sequence_is_prefilled_alone() -> None:
     run, source = share_prompts([fresh, preempted, sibling, stranger])
     assert run == [fresh, preempted, stranger]
     assert source == [0, 1, 0, 2]  # the same prompt in another request is not shared
+
+
+HEAD = [60 + i % 20 for i in range(30)]  # a system prompt every request begins with
+TAILS = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [3, 2]]
+
+
+def submitted_together(engine: Engine, params: SamplingParams, n: int) -> list[list]:
+    """Every request admitted in one step (held by a pause, then released at once)."""
+    engine.pause("keep")
+    requests = [engine.submit(HEAD + tail, params, n=n) for tail in TAILS]
+    engine.resume()
+    return [request.done.result(timeout=60) for request in requests]
+
+
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
+     SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)],
+    ids=["greedy", "seeded"],
+)  # fmt: skip
+def test_a_head_several_requests_share_runs_once_and_changes_no_token(
+    tiny_model_dir, params: SamplingParams
+) -> None:
+    """Against an engine that prefills every row on its own (`share_prompts=False`)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shared = Engine(model, tokenizer, max_num_seqs=8, max_model_len=128)
+    apart = Engine(model, tokenizer, max_num_seqs=8, max_model_len=128, share_prompts=False)
+    try:
+        together = submitted_together(shared, params, n=2)
+        alone = submitted_together(apart, params, n=2)
+        # the head once, then each request's own tokens once (its 2 samples share them)
+        assert shared.stats.prefill_tokens == len(HEAD) + sum(len(t) for t in TAILS)
+        assert apart.stats.prefill_tokens == 2 * sum(len(HEAD) + len(t) for t in TAILS)
+    finally:
+        shared.shutdown()
+        apart.shutdown()
+    for with_head, without in zip(together, alone, strict=True):
+        assert_same(with_head, without)
+
+
+def test_the_shared_head_leaves_every_prompt_a_token_and_needs_two_requests() -> None:
+    def leading(prompt: list[int], cached: int = 0) -> Sequence:
+        sequence = Sequence(Request("r", prompt, SamplingParams(), 1, Future()), 0, None)
+        sequence.cached = cached
+        return sequence
+
+    same = [leading([*HEAD, 1]), leading([*HEAD, 1])]
+    assert shared_head(same)[1] == len(HEAD)  # the whole prompt but its last token
+    a, b = leading([*HEAD, 1, 2]), leading([*HEAD[:20], 9])
+    assert shared_head([a, b]) == ([a, b], 20)
+    assert shared_head([leading([*HEAD, 1])]) == ([], 0)  # one request: nothing to share
+    short = [leading([*HEAD[:10], 1]), leading([*HEAD[:10], 2])]
+    assert shared_head(short) == ([], 0)  # under MIN_SHARED_HEAD
+    hit = leading([*HEAD, 3], cached=25)  # the prefix cache gave it its head already
+    assert shared_head([a, hit]) == ([], 0)

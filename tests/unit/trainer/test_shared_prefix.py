@@ -13,11 +13,11 @@ from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
 from asyncrl.config.trainer import LossConfig, TrainerConfig
+from asyncrl.trainer import shared_prefix
 from asyncrl.trainer.logprobs import completion_logprobs
 from asyncrl.trainer.loss import NORMALISATION, LossInputs, compute_loss
 from asyncrl.trainer.micro_batches import MicroBatch, build_micro_batches
 from asyncrl.trainer.parallel import SINGLE_PROCESS
-from asyncrl.trainer import shared_prefix
 from asyncrl.trainer.shared_prefix import group_rows, prompt_units
 from asyncrl.trainer.train import this_ranks_micro_batches
 from asyncrl.types import TrainingBatch, TrainingSample
