@@ -372,13 +372,17 @@ class Engine(EngineThread):
         leaders, length = shared_head(admitted)
         if not leaders:
             return
-        first = leaders[0]
-        assert first.slot is not None  # admitted: every one holds a slot
-        self._logits([first.request.prompt_ids[:length]], [first.slot], [0], [length])
+        # kept: a request aborted meanwhile frees its slot, which nothing takes before the next
+        # admission (on this thread), so its keys stay readable
+        head_slot = leaders[0].slot
+        assert head_slot is not None  # admitted: every one holds a slot
+        self._logits([leaders[0].request.prompt_ids[:length]], [head_slot], [0], [length])
         self.stats.prefill_tokens += length
         for sequence in leaders:
-            if sequence is not first:
-                self.cache.copy_prefix(first.slot, sequence.slot, length)  # type: ignore[arg-type]
+            if sequence.slot is None:  # aborted: nothing to prefill
+                continue
+            if sequence.slot != head_slot:
+                self.cache.copy_prefix(head_slot, sequence.slot, length)
             sequence.cached = length
 
     def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:
