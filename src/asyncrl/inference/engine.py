@@ -378,7 +378,13 @@ class Engine(EngineThread):
         assert head_slot is not None  # admitted: every one holds a slot
         self._logits([leaders[0].request.prompt_ids[:length]], [head_slot], [0], [length])
         self.stats.prefill_tokens += length
-        for sequence in leaders:
+        # every fresh sequence of those requests starts past the head, its siblings too: a
+        # prefill pass is as wide as its longest start plus its widest row (`prefill_groups`),
+        # and a sibling that a pass boundary parts from its leader prefills its own tail
+        sharing = {id(sequence.request) for sequence in leaders}
+        for sequence in admitted:
+            if id(sequence.request) not in sharing or sequence.output_ids:
+                continue
             if sequence.slot is None:  # aborted: nothing to prefill
                 continue
             if sequence.slot != head_slot:

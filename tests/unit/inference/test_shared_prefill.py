@@ -104,8 +104,11 @@ def test_a_head_several_requests_share_runs_once_and_changes_no_token(
     """Against an engine that prefills every row on its own (`share_prompts=False`)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    shared = Engine(model, tokenizer, max_num_seqs=8, max_model_len=128)
-    apart = Engine(model, tokenizer, max_num_seqs=8, max_model_len=128, share_prompts=False)
+    # the longest prompt and its answer fill a slot exactly, as `asyncrl eval` sizes them: a
+    # pass must not count a sibling's whole prompt beside its leader's start past the head
+    fits = len(HEAD) + max(len(t) for t in TAILS) + params.max_tokens
+    shared = Engine(model, tokenizer, max_num_seqs=8, max_model_len=fits)
+    apart = Engine(model, tokenizer, max_num_seqs=8, max_model_len=fits, share_prompts=False)
     try:
         together = submitted_together(shared, params, n=2)
         alone = submitted_together(apart, params, n=2)
