@@ -7,6 +7,7 @@ same head run it once; their tokens and logprobs equal an engine that prefills e
 from __future__ import annotations
 
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,12 +39,15 @@ def assert_same(together: list, apart: list) -> None:
         assert shared.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
 
 
-@pytest.mark.parametrize(
+GREEDY_AND_SEEDED = pytest.mark.parametrize(
     "params",
     [SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True),
      SamplingParams(max_tokens=24, temperature=1.0, seed=11, ignore_eos=True)],
     ids=["greedy", "seeded"],
 )  # fmt: skip
+
+
+@GREEDY_AND_SEEDED
 def test_n_completions_equal_n_requests_and_the_prompt_runs_once(
     engine: Engine, params: SamplingParams
 ) -> None:
@@ -92,14 +96,9 @@ def submitted_together(engine: Engine, params: SamplingParams, n: int) -> list[l
     return [request.done.result(timeout=60) for request in requests]
 
 
-@pytest.mark.parametrize(
-    "params",
-    [SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True),
-     SamplingParams(max_tokens=16, temperature=1.0, seed=3, ignore_eos=True)],
-    ids=["greedy", "seeded"],
-)  # fmt: skip
+@GREEDY_AND_SEEDED
 def test_a_head_several_requests_share_runs_once_and_changes_no_token(
-    tiny_model_dir, params: SamplingParams
+    tiny_model_dir: Path, params: SamplingParams
 ) -> None:
     """Against an engine that prefills every row on its own (`share_prompts=False`)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
