@@ -5,7 +5,9 @@ positions that predict a loss token only, in chunks of `chunk_size` tokens, each
 activation checkpointing when there are several. So the `[tokens × vocab]` logits never exist at
 once, neither in the forward pass nor among the tensors autograd keeps for the backward pass (it
 recomputes one chunk's logits at a time). Logits are divided by each token's sampling
-temperature before the softmax, as the inference engine did when it sampled.
+temperature before the softmax, as the inference engine did when it sampled; the softmax, the
+picked token's log-probability and the entropy take a few passes over a chunk's logits, not
+autograd's ~20 (`token_softmax.py`).
 
 Logits are lm_head(final hidden state), soft-capped where the model's config says so
 (`final_logit_softcapping`: Gemma 2; None in Gemma 3), as the model's own forward does. A
@@ -28,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from asyncrl.models.attention_layers import layer_masks
 from asyncrl.trainer.packing import PackedBatch
+from asyncrl.trainer.token_softmax import token_logprob_entropy
 
 
 @dataclass(frozen=True)
@@ -67,16 +70,10 @@ def _chunk(
     temperature: torch.Tensor,
     softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head(hidden).float()  # [chunk, vocab]
+    logits = head(hidden)  # [chunk, vocab]
     if softcap is not None:
-        logits = torch.tanh(logits / softcap) * softcap
-    logits = logits / temperature.unsqueeze(-1)
-    normaliser = torch.logsumexp(logits, dim=-1)
-    picked = torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        probs = torch.softmax(logits, dim=-1)
-        entropy = normaliser - (probs * logits).sum(-1)
-    return picked - normaliser, entropy
+        logits = torch.tanh(logits.float() / softcap) * softcap
+    return token_logprob_entropy(logits, targets, temperature)
 
 
 def completion_logprobs(
