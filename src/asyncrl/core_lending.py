@@ -8,7 +8,9 @@ teach (`trainer/zero_advantage.py`), it is the trainer that waits most of each s
 engine. So the trainer says when it waits, and the engine runs on its core meanwhile:
 
 - the lender (the trainer) holds a flag file (`ASYNCRL_LEND_FLAG`) for as long as it waits for a
-  batch (`lending()`), and removes it the moment a batch arrives;
+  batch (`lending()`), and removes it the moment a batch arrives; once it has trained its last
+  step it leaves the flag for good (`lend_for_good()`): the run's last evaluations are
+  generated on both cores;
 - the borrower (the embedded engine, on its own thread) looks for the flag before each step
   (one `stat`) and runs with one more torch thread per lent core (`ASYNCRL_LENT_CPUS`) while it
   exists, each new worker thread pinned to a lent core, and with its own count otherwise
@@ -50,6 +52,18 @@ def stop_lending() -> None:
     if flag:
         with contextlib.suppress(OSError):
             os.unlink(flag)
+
+
+def lend_for_good() -> None:
+    """(the lender, after its last step) Lend this process's cores for the rest of the run: the
+    orchestrator's last evaluations still generate after the trainer is done. The flag stays;
+    the launcher removes it before the next run in this directory starts (`local.py`)."""
+    flag = os.environ.get(LEND_FLAG_ENV)
+    if flag:
+        try:
+            Path(flag).touch()
+        except OSError as error:
+            logger.warning("core lending: cannot write %s (%s); not lending", flag, error)
 
 
 @contextlib.contextmanager

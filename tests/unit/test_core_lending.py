@@ -13,7 +13,14 @@ import pytest
 
 from asyncrl.config.loading import load_config
 from asyncrl.config.rl import RLConfig
-from asyncrl.core_lending import LEND_FLAG_ENV, LENT_CPUS_ENV, Borrower, lending, stop_lending
+from asyncrl.core_lending import (
+    LEND_FLAG_ENV,
+    LENT_CPUS_ENV,
+    Borrower,
+    lend_for_good,
+    lending,
+    stop_lending,
+)
 from asyncrl.cpu_affinity import CPUS_ENV, usable_cores
 from asyncrl.launch.local import lend_flag_of, thread_budget
 from asyncrl.run.layout import heartbeat_file, lend_flag_file
@@ -108,3 +115,14 @@ def test_the_launcher_lends_only_beside_the_embedded_engine_with_one_trainer_pro
                               LEND_FLAG_ENV: str(tmp_path / "trainer_waiting")}  # fmt: skip
     assert split["infer"][LENT_CPUS_ENV] == "0" and split["infer"][CPUS_ENV] == "1"
     assert LEND_FLAG_ENV not in thread_budget()["infer"]
+
+
+def test_a_trainer_done_lends_for_good_until_the_next_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flag = tmp_path / "trainer_waiting"
+    monkeypatch.setenv(LEND_FLAG_ENV, str(flag))
+    lend_for_good()  # after its last step: the run's last evaluations may use the core
+    assert flag.exists()
+    stop_lending()  # the next trainer here, starting
+    assert not flag.exists()

@@ -233,7 +233,10 @@ class EvalConfig(StrictModel):
         default_factory=EvalSamplingConfig, description="Eval sampling (greedy by default)."
     )
     max_concurrent: int = Field(
-        8, gt=0, description="Eval requests in flight at once, beside the rollout requests."
+        8,
+        gt=0,
+        description="Eval requests in flight at once, beside the rollout requests; an eval "
+        "with no rollout beside it (step 0's, and those at the run's end) sends all at once.",
     )
     pass_threshold: float = Field(
         1.0, description="Reward at which a sample counts as solved, for pass@k."

@@ -77,9 +77,10 @@ class RLConfig(StrictModel):
         True,
         description="(launcher: local, CPU only, disaggregated, one trainer process, the "
         "embedded engine) While the trainer waits for a batch its core runs a second thread of "
-        "the engine's, handed back within one engine step of the batch arriving "
-        "(`core_lending.py`); false keeps each role on its own core throughout. A user's own "
-        "OMP_NUM_THREADS turns the launcher's core split, and this, off.",
+        "the engine's, handed back within one engine step of the batch arriving, and once it "
+        "has trained its last step, for the rest of the run (`core_lending.py`); false keeps "
+        "each role on its own core throughout. A user's own OMP_NUM_THREADS turns the "
+        "launcher's core split, and this, off.",
     )
     ray: RayConfig = Field(default_factory=RayConfig, description="(launcher: ray) The cluster.")
     gpu_ids: GPUIdsConfig = Field(

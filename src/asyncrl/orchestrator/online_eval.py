@@ -4,7 +4,9 @@ Every `eval.interval` steps (and at step 0 on the starting weights, `eval_base_m
 environment's held-out split is generated with the eval sampling settings (greedy by default)
 and scored. An evaluation for step s > 0 starts once every server holds weights version >= s,
 runs as a background task whose requests join the rollout requests under a cap
-(`eval.max_concurrent`), and never holds up a batch. The versions that produced its tokens are
+(`eval.max_concurrent`), and never holds up a batch. The cap is there for the rollouts' sake:
+an evaluation that runs alone (step 0's, and those the run's end waits for) sends every request
+at once and the servers batch them as wide as they go. The versions that produced its tokens are
 recorded: if a weight update lands mid-evaluation, `version_max` > `version` says so.
 
 Step 0's evaluation is the exception: it runs to the end before the first rollout, so every
@@ -18,7 +20,8 @@ Results are `eval` records of `metrics.jsonl` at step s (`monitor/eval_records.p
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 
 from asyncrl.config.orchestrator import (
@@ -51,6 +54,31 @@ class EvalTarget:
     episodes: EpisodeSetting  # how its episodes are played, with the eval's sampling
 
 
+class _Cap:
+    """At most `width` requests at once while `lifted` is False; any number while True."""
+
+    def __init__(self, width: int) -> None:
+        self.width, self.used, self.lifted = width, 0, False
+        self.changed = asyncio.Condition()
+
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
+        async with self.changed:
+            await self.changed.wait_for(lambda: self.lifted or self.used < self.width)
+            self.used += 1
+        try:
+            yield
+        finally:
+            async with self.changed:
+                self.used -= 1
+                self.changed.notify()
+
+    async def lift(self, lifted: bool) -> None:
+        async with self.changed:
+            self.lifted = lifted
+            self.changed.notify_all()
+
+
 class OnlineEval:
     def __init__(
         self,
@@ -67,7 +95,7 @@ class OnlineEval:
         self.clients = clients
         self.metrics = metrics
         self.model_name = model_name  # the base model, or the LoRA adapter once loaded
-        self.limit = asyncio.Semaphore(config.max_concurrent)
+        self.cap = _Cap(config.max_concurrent)
         self.last_step = last_step
         self.next_step = first_step
         self.running: set[asyncio.Task[None]] = set()
@@ -92,10 +120,13 @@ class OnlineEval:
         less than the training it would stop."""
         if self.next_step == 0:
             self.next_step = self.config.interval
+            await self.cap.lift(True)  # no rollout runs beside it
             try:
                 await self.evaluate(0)
             except Exception as error:  # any failure of a scoring is only logged
                 logger.error("online eval failed: %s", error)
+            finally:
+                await self.cap.lift(False)
 
     def start_due(self) -> None:
         """Start the evaluation of every due step the servers' weights have reached."""
@@ -114,8 +145,9 @@ class OnlineEval:
             logger.error("online eval failed: %s", task.exception())
 
     async def finish(self) -> None:
-        """At the end of the run: the evaluations due by now (the final step's included) run
-        to the end."""
+        """At the end of the run, rollouts over: the evaluations due by now (the final step's
+        included) run to the end, uncapped."""
+        await self.cap.lift(True)
         self.start_due()
         if self.running:
             await asyncio.gather(*self.running, return_exceptions=True)
@@ -156,7 +188,7 @@ class OnlineEval:
         refused the example (a 4xx about its content): it is left out of the record, logged."""
         sampling = self.config.sampling
         seed = None if sampling.seed is None else sampling.seed + example.example_id
-        async with self.limit:
+        async with self.cap.slot():
             # the name as the request leaves, not as it queued: a LoRA run's first adapter may
             # have been loaded meanwhile, and the server refuses the base name once it is merged
             request = GroupRequest(

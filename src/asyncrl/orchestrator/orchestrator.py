@@ -250,6 +250,8 @@ class Orchestrator:
                 maybe_checkpoint(config.ckpt, self.run_dir, step, self.buffer, seeds_used)
                 step, last_batch = step + 1, now
             await asyncio.to_thread(sender.finish)
+            for task in in_flight:  # no batch will take them: the engine's time is the evals'
+                task.cancel()
             if config.max_steps is not None:  # the run ends with every server on the trained policy
                 await self.weights.sync(need=config.max_steps)
                 logger.info(

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune
 from asyncrl.config.trainer import TrainerConfig
-from asyncrl.core_lending import lending, stop_lending
+from asyncrl.core_lending import lend_for_good, lending, stop_lending
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
 from asyncrl.monitor.spans import StepSpans
@@ -164,6 +164,8 @@ def train_loop(
             step += 1
         if route is not None:
             route.finish()
+        if not ranks.distributed:  # nothing left to train: the engine's last evaluations may
+            lend_for_good()  # have this core too
 
 
 def build_policy(

@@ -1,18 +1,23 @@
-"""The eval summary by hand, and which steps a run evaluates after a resume."""
+"""The eval summary by hand, which steps a run evaluates after a resume, and how many eval
+requests go at once."""
 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from asyncrl.config.orchestrator import EvalConfig, OrchestratorConfig
 from asyncrl.envs.base import Example
 from asyncrl.monitor.eval_records import summarize
+from asyncrl.monitor.metrics import MetricsWriter
+from asyncrl.orchestrator import online_eval
 from asyncrl.orchestrator.buffer import Drawn
 from asyncrl.orchestrator.episode import EpisodeSetting
 from asyncrl.orchestrator.group import GroupRequest, request_body
-from asyncrl.orchestrator.online_eval import OnlineEval
+from asyncrl.orchestrator.online_eval import EvalTarget, OnlineEval
 
 
 def summary(results: list[list[tuple[float, list[int]]]], threshold: float = 1.0) -> dict:
@@ -86,3 +91,54 @@ def test_a_failed_step_0_evaluation_is_logged_and_the_run_goes_on(
         asyncio.run(evaluator.evaluate_start())
     assert evaluator.next_step == 10
     assert "online eval failed: eval target unreachable at step 0" in caplog.text
+
+
+class _Servers:
+    """A stand-in for the client pool: only the weights version the evaluator reads."""
+
+    def oldest_version(self) -> int:
+        return 0
+
+
+def test_the_cap_holds_beside_rollouts_and_lifts_when_the_eval_runs_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At most `max_concurrent` eval requests beside training; step 0's evaluation and the
+    ones the run's end waits for have nothing beside them and send every request at once.
+    The server is a stand-in that counts the requests it holds at once."""
+    holding, widest = 0, []
+
+    async def served(request: GroupRequest, setting: object, vocab_size: int) -> SimpleNamespace:
+        nonlocal holding
+        holding += 1
+        widest.append(holding)
+        await asyncio.sleep(0.01)
+        holding -= 1
+        sample = SimpleNamespace(policy_versions=[0], completion_mask=[True])
+        return SimpleNamespace(rewards=[1.0], samples=[sample])
+
+    monkeypatch.setattr(online_eval, "run_episode_group", served)
+    examples = [Example(i, [{"role": "user", "content": "x"}], "y", "t") for i in range(6)]
+    target = EvalTarget("t", examples, None, None)  # type: ignore[arg-type]
+    metrics = MetricsWriter(tmp_path / "metrics.jsonl", role="eval")
+
+    def widest_of(run) -> int:  # type: ignore[no-untyped-def]
+        widest.clear()
+        evaluator = OnlineEval(
+            EvalConfig(interval=1, max_concurrent=2), [target], _Servers(), metrics,  # type: ignore[arg-type]
+            lambda: "m", 0, None,
+        )  # fmt: skip
+        asyncio.run(run(evaluator))
+        return max(widest)
+
+    async def beside_training(evaluator: OnlineEval) -> None:
+        await evaluator.evaluate(1)
+
+    async def at_the_end(evaluator: OnlineEval) -> None:
+        evaluator.next_step = 0  # due: the servers are at version 0
+        await evaluator.finish()
+
+    assert widest_of(beside_training) == 2
+    assert widest_of(OnlineEval.evaluate_start) == 6
+    assert widest_of(at_the_end) == 6
+    assert len(metrics.path.read_text().splitlines()) == 3  # each evaluation left its record
