@@ -106,6 +106,11 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument(
+        "--mask-truncated", action="store_true",
+        help="leave completions cut at --max-tokens out of the loss (the workload's "
+        "orchestrator.mask_truncated_completions)",
+    )  # fmt: skip
     parser.add_argument("--examples", type=int, default=20_000, help="training prompts drawn")
     parser.add_argument(
         "--loss-type", choices=["grpo", "dr_grpo", "dapo"], default="grpo",
@@ -139,6 +144,7 @@ def main() -> None:
         num_generations=args.group, max_completion_length=args.max_tokens,
         temperature=args.temperature, top_k=0, top_p=1.0, beta=0.0, loss_type=args.loss_type,
         epsilon=args.epsilon, epsilon_high=args.epsilon_high,
+        mask_truncated_completions=args.mask_truncated,
         scale_rewards="none", num_iterations=1, max_steps=1_000_000, logging_steps=10,
         save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
     )  # fmt: skip

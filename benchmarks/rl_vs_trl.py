@@ -188,6 +188,8 @@ def run_trl(
                "--examples", str(examples),
                "--threads", str(len(os.sched_getaffinity(0))),
                *trl_loss_arguments(trainer.loss)]  # fmt: skip
+    if orchestrator.mask_truncated_completions:
+        command.append("--mask-truncated")
     if resolve_recipe(trainer.recipe).recipe == "bf16":
         command.append("--bf16")
     if trainer.lora:
