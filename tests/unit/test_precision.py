@@ -90,12 +90,14 @@ def test_inference_dtype_auto_keeps_the_checkpoint_dtype_unless_it_is_slow_here(
 
 def test_the_cpu_probe_agrees_with_the_cpu_flags() -> None:
     """Two independent reports of this CPU: its flags, and the timing of real matmuls (more
-    repeats than start-up takes, so a noisy neighbour cannot flip the verdict)."""
+    repeats than start-up takes, so a noisy neighbour cannot flip the verdict). Without a bf16
+    flag there is no native bf16 path, so bf16 must time slower. A flag does not make it
+    faster: on an Intel Xeon (family 6 model 207, avx512_bf16) bf16 matmul ran 2.0x slower
+    than float32 (benchmarks/RESULTS.md, 2026-12-02 evening), which is why `auto` goes by the
+    timing, not the flags."""
     slowdown = probe_bf16_slowdown(repeats=7)
     assert 0 < slowdown < float("inf")
-    if cpu_flags() & set(CPU_BF16_FLAGS):
-        assert slowdown < 1, f"bf16 flags present, yet bf16 matmul {slowdown:.1f}× slower"
-    else:
+    if not cpu_flags() & set(CPU_BF16_FLAGS):
         assert slowdown > 1, f"no bf16 flag, yet bf16 matmul {1 / slowdown:.1f}× faster"
 
 
