@@ -3,16 +3,17 @@
 The trainer needs, per loss token, the log-probability of the sampled token and the entropy of
 the distribution it was sampled from, both at the sampling temperature. Written as plain torch
 (`logits / T`, `logsumexp`, `gather`, `softmax`, `(p · z).sum`) autograd runs ~20 vocabulary-wide
-elementwise passes forward and backward, each its own temporary: at a 49k-token vocabulary a
-few hundred MB a micro-batch, and on one CPU core ~6 % of the quick start's LoRA step
-(benchmarks/RESULTS.md, 2026-12-02, Intel). Here:
+elementwise passes forward and backward, most with a `[tokens × vocab]` temporary (50 MB at 256
+tokens of a 49k vocabulary); on one CPU core ~6 % of the quick start's LoRA step
+(benchmarks/RESULTS.md, 2026-12-02 (evening), Intel). Here:
 
 forward  m = max_v z (as z/T's max is m/T for T > 0), s = (z − m)/T in one `addcmul`,
          e = exp(s), S = Σ e, log p = s[target] − log S, H = log S − (Σ e·s)/S (a dot, no
          temporary);
 backward ∂log p/∂z_v = (1[v = target] − e_v/S)/T, written into `e` in place: one pass.
 
-So `s` and `e` are the only `[tokens × vocab]` tensors and `e` becomes the gradient. The entropy
+Besides the logits, `s` and `e` are the only `[tokens × vocab]` tensors, and `e` becomes the
+gradient. The entropy
 is a statistic and gets no gradient, as the composite path had it (`no_grad`). The backward
 pass consumes what it saved, so a graph is differentiated once (the trainer never retains
 one); a second backward fails autograd's version check rather than reuse the buffer.
