@@ -88,6 +88,7 @@ def engine_completions(
                 max_tokens=max_tokens,
                 temperature=temperature,
                 stop=list(example.stop),
+                include_stop_str_in_output=example.stop_kept,
                 seed=None if temperature == 0 else seed + first_row,  # + i for its sample i
             )
             requests.append(engine.submit(ids, params, n=k))
@@ -101,7 +102,7 @@ def engine_completions(
                         f" ({engine.failure or 'no reason given'})"
                     )
                 text = tokenizer.decode(output.token_ids, skip_special_tokens=True)
-                completions.append(cut_at_stop(text, example.stop))
+                completions.append(cut_at_stop(text, example.stop, kept=example.stop_kept))
         return completions
     finally:
         engine.shutdown()

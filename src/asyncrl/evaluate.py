@@ -91,7 +91,9 @@ def generate_completions(
         )
         new_tokens = output[:, encoded["input_ids"].shape[1] :]
         texts = tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        completions.extend(cut_at_stop(t, e.stop) for t, e in zip(texts, batch, strict=True))
+        completions.extend(
+            cut_at_stop(t, e.stop, kept=e.stop_kept) for t, e in zip(texts, batch, strict=True)
+        )
     return completions
 
 

@@ -103,3 +103,19 @@ def test_stop_strings_cut_the_text_and_name_the_stop(engine: Engine) -> None:
     cut = complete(engine.url, {**body, "stop": [stop]})["choices"][0]
     assert cut["finish_reason"] == "stop" and cut["stop_reason"] == stop
     assert cut["text"] == text[: text.find(stop)]
+
+
+def test_a_kept_stop_string_ends_the_text_and_its_tokens_are_returned(engine: Engine) -> None:
+    """vLLM's `include_stop_str_in_output`: what an answer's closing tag needs to be scored."""
+    body = {
+        "model": engine.model, "prompt": "abc", "max_tokens": 12, "temperature": 0.0,
+        "ignore_eos": True, "return_token_ids": True,
+    }  # fmt: skip
+    text = complete(engine.url, body)["choices"][0]["text"]
+    stop = text[4:6]
+    kept = complete(engine.url, {**body, "stop": [stop], "include_stop_str_in_output": True})
+    choice = kept["choices"][0]
+    assert choice["finish_reason"] == "stop" and choice["stop_reason"] == stop
+    assert choice["text"] == text[: text.find(stop) + len(stop)]
+    decoded = AutoTokenizer.from_pretrained(engine.model_dir).decode(choice["token_ids"])
+    assert decoded.startswith(choice["text"])  # the tokens that wrote the stop are all there

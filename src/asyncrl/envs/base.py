@@ -22,10 +22,12 @@ class Example:
     info: dict[str, Any] = field(default_factory=dict)
     prompt_token_ids: list[int] | None = None  # a pre-tokenized prompt, sent as token ids
     source: str | None = None  # where it was read (`file:line`), for messages that name it
-    # a base model's prompt (`plain_prompt.py`): text sent to the completions route as is, and
-    # the strings that end its completion
+    # a base model's prompt (`plain_prompt.py`): text sent to the completions route as is
     prompt_text: str | None = None
+    # the strings that end its completion, and whether the completion keeps the one it ended at
+    # (vLLM's `include_stop_str_in_output`): an answer's closing tag is kept for its scorer
     stop: tuple[str, ...] = ()
+    stop_kept: bool = False
 
 
 EVAL_BUCKETS = 8  # one generated problem in eight (by hash) belongs to the held-out split

@@ -47,7 +47,8 @@ def plain_prompt(messages: Messages) -> str:
     return question
 
 
-def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """`text` up to the first stop string, as the servers return a stopped completion."""
-    ends = [position for s in stop if (position := text.find(s)) != -1]
+def cut_at_stop(text: str, stop: tuple[str, ...], *, kept: bool = False) -> str:
+    """`text` up to the first stop string (through it when `kept`), as the servers return a
+    stopped completion."""
+    ends = [position + (len(s) if kept else 0) for s in stop if (position := text.find(s)) != -1]
     return text[: min(ends)] if ends else text

@@ -12,6 +12,10 @@ and the dataset's own `score_answer(answer, entry)` judges an answer. This adapt
 - the reward: the dataset's own `score_answer` on the answer extracted from the completion
   (`answer_format: tag` reads the last `<answer>…</answer>`, `plain` the whole completion); an
   answer the scorer chokes on scores 0;
+- with `stop_at_answer: true` (`tag` only), the completion ends at its first `</answer>`, kept in
+  the text (a stop string with vLLM's `include_stop_str_in_output`): what a model writes after
+  its answer is never read by the scorer, and left to run it is generated, trained on and
+  reinforced with the answer until `max_tokens` cuts it;
 - the demonstration for `asyncrl sft`: the item's own answer, formatted as the reward reads it.
 
 A composite (`reasoning-gym/composite`, `datasets: [{name, weight, config}]`) draws each item's
@@ -37,6 +41,7 @@ from asyncrl.envs.plain_prompt import PLAIN_STOP, PromptFormat, plain_prompt
 PREFIX = "reasoning-gym/"
 DEFAULT_SIZE = 10_000  # items a dataset is built with unless `size` is given (some precompute)
 AnswerFormat = Literal["tag", "plain"]
+ANSWER_END = "</answer>"
 NUMBER = re.compile(r"[+-]?\d[\d,]*(\.\d+)?")  # what reasoning-gym's numeric scorers read
 
 
@@ -67,6 +72,7 @@ class ReasoningGymEnv:
         system_prompt: str | None = "default",
         answer_format: AnswerFormat = "tag",
         prompt_format: PromptFormat = "chat",
+        stop_at_answer: bool = False,
         **config: Any,
     ) -> None:
         """`config` is the dataset's own configuration (its dataclass's fields, e.g.
@@ -83,6 +89,12 @@ class ReasoningGymEnv:
         if prompt_format not in ("chat", "plain"):
             raise ReasoningGymError(f"prompt_format is `chat` or `plain`, not {prompt_format!r}")
         self.prompt_format = prompt_format
+        if stop_at_answer and (answer_format != "tag" or prompt_format != "chat"):
+            raise ReasoningGymError(
+                "stop_at_answer needs answer_format `tag` and prompt_format `chat` (a plain "
+                "answer already ends at its line)"
+            )
+        self.stop_at_answer = stop_at_answer
         if size < 1:
             raise ReasoningGymError(f"size must be >= 1, got {size}")
         config_class = registry[dataset][1]
@@ -92,7 +104,7 @@ class ReasoningGymEnv:
             raise ReasoningGymError(
                 f"unknown argument(s) {unknown}; the dataset takes "
                 f"{sorted(known)}, and the adapter seed, size, system_prompt, answer_format, "
-                "prompt_format"
+                "prompt_format, stop_at_answer"
             )
         if dataset == "composite":
             config = {**config, "datasets": composite_specs(gym, config.get("datasets"))}
@@ -144,8 +156,14 @@ class ReasoningGymEnv:
             info={"index": index},
             # a base model's form (`plain_prompt.py`): `Question: …\nAnswer:`, one line back
             prompt_text=plain_prompt(prompt) if self.prompt_format == "plain" else None,
-            stop=PLAIN_STOP if self.prompt_format == "plain" else (),
+            stop=self._stop(),
+            stop_kept=self.stop_at_answer,
         )
+
+    def _stop(self) -> tuple[str, ...]:
+        if self.prompt_format == "plain":
+            return PLAIN_STOP
+        return (ANSWER_END,) if self.stop_at_answer else ()
 
     # reward and demonstration -----------------------------------------------------------------
     def answer_in(self, completion: str) -> str | None:

@@ -407,13 +407,11 @@ class Engine(EngineThread):
                 return self._finish(sequence, "stop", token)
             if token in self.eos_token_ids and not params.ignore_eos:
                 return self._finish(sequence, "stop")
-        if params.stop:
+        if params.stop and len(sequence.output_ids) >= params.min_tokens:
             text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
-            for stop in params.stop:
-                position = text.find(stop)
-                if position != -1 and len(sequence.output_ids) >= params.min_tokens:
-                    sequence.text = text[:position]
-                    return self._finish(sequence, "stop", stop, keep_text=True)
+            if stopped := params.stopped_text(text):
+                sequence.text, stop = stopped
+                return self._finish(sequence, "stop", stop, keep_text=True)
         total = len(sequence.request.prompt_ids) + len(sequence.output_ids)
         if len(sequence.output_ids) >= params.max_tokens or total >= self.max_model_len:
             return self._finish(sequence, "length")

@@ -58,6 +58,7 @@ class _Request(_Body):
     top_k: int | None = Field(None, ge=-1)
     repetition_penalty: float | None = Field(None, ge=1e-2, le=1e2)
     stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[TokenId] | None = None
     seed: int | None = Field(None, ge=-(2**63), lt=2**63)
     ignore_eos: bool = False
@@ -95,6 +96,7 @@ class _Request(_Body):
             top_k=-1 if self.top_k in (None, 0) else self.top_k,
             repetition_penalty=self.repetition_penalty or 1.0,
             stop=[s for s in stop if s],
+            include_stop_str_in_output=self.include_stop_str_in_output,
             stop_token_ids=list(self.stop_token_ids or []),
             seed=self.seed,
             logprobs=top_logprobs,

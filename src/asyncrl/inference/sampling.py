@@ -28,6 +28,7 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0: off
     repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # vLLM's name: the text keeps the stop it ended at
     stop_token_ids: list[int] = field(default_factory=list)
     seed: int | None = None
     logprobs: int | None = None  # number of top logprobs per token (0 = only the sampled one)
@@ -36,6 +37,17 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def stopped_text(self, text: str) -> tuple[str, str] | None:
+        """(the text a stopped completion returns, the stop string that ended it) where a stop
+        string occurs in `text` (the earliest one, as vLLM matching token by token finds it);
+        else None. The stop is cut off unless `include_stop_str_in_output`."""
+        found = [(position, stop) for stop in self.stop if (position := text.find(stop)) != -1]
+        if not found:
+            return None
+        position, stop = min(found)
+        end = position + len(stop) if self.include_stop_str_in_output else position
+        return text[:end], stop
 
 
 @dataclass

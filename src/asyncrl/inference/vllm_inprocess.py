@@ -296,12 +296,10 @@ class VllmInprocessEngine(EngineThread):
         if len(sequence.output_ids) < params.min_tokens:
             return False
         text = self.tokenizer.decode(sequence.output_ids, skip_special_tokens=True)
-        for stop in params.stop:
-            position = text.find(stop)
-            if position != -1:
-                sequence.text = text[:position]
-                self._finish(sequence, "stop", stop, keep_text=True)
-                return True
+        if stopped := params.stopped_text(text):
+            sequence.text, stop = stopped
+            self._finish(sequence, "stop", stop, keep_text=True)
+            return True
         return False
 
     def _forget_in_vllm(self, sequences: list[Sequence]) -> None:

@@ -175,6 +175,7 @@ class SGLangAPI(EngineAPI):
             "repetition_penalty": body.get("repetition_penalty", 1.0),
             "max_new_tokens": body.get("max_tokens"),
             "stop": body.get("stop"),
+            "no_stop_trim": bool(body.get("include_stop_str_in_output")),
         }
         native = {
             "input_ids": [prompt] * n,

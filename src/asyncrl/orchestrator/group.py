@@ -91,6 +91,8 @@ def request_body(request: GroupRequest, config: OrchestratorConfig) -> tuple[str
         body.update(messages=example.prompt, logprobs=True)
     if example.stop:
         body["stop"] = list(example.stop)
+        if example.stop_kept:
+            body["include_stop_str_in_output"] = True
     if sampling.max_tokens is not None:
         body["max_tokens"] = sampling.max_tokens
     if request.seed is not None:

@@ -145,3 +145,33 @@ def test_a_word_answer_is_formatted_when_it_has_no_more_words_than_the_item_s() 
     example = env.examples("eval", 1)[0]
     assert env.formatted(example.answer, example)
     assert not env.formatted(f"It is {example.answer} backwards", example)
+
+
+def test_stop_at_answer_ends_a_completion_at_its_closing_tag_and_keeps_it() -> None:
+    """What the server is asked (the stop, kept in the text) and how a completion it stopped
+    scores: a right answer with prose after it is cut to the answer and still scores 1."""
+    from asyncrl.config.orchestrator import OrchestratorConfig
+    from asyncrl.envs.plain_prompt import cut_at_stop
+    from asyncrl.orchestrator.buffer import Drawn
+    from asyncrl.orchestrator.group import GroupRequest, request_body
+
+    args = {"max_terms": 2, "max_digits": 1, "stop_at_answer": True}
+    env = load_environment("reasoning-gym/chain_sum", args)
+    example = env.examples("train", 1)[0]
+    assert (example.stop, example.stop_kept) == (("</answer>",), True)
+    answered = f"1 + 2 = 3\n<answer>{example.answer}</answer>"
+    written = f"{answered}\n\nIn this sum <answer>{example.answer}1</answer>"  # a wrong last one
+    assert cut_at_stop(written, example.stop, kept=example.stop_kept) == answered
+    stopped = answered
+    assert score(env, stopped, example) == 1.0 and score(env, written, example) < 1.0
+    config = OrchestratorConfig(model={"name": "m"}, env=[{"id": "reverse-text"}])
+    _, body = request_body(GroupRequest(Drawn(0, example), "e", "m", 1.0, None, 0), config)
+    assert body["stop"] == ["</answer>"] and body["include_stop_str_in_output"] is True
+    plain = load_environment("reasoning-gym/chain_sum", {"max_terms": 2, "max_digits": 1})
+    assert plain.examples("train", 1)[0].stop == ()  # off unless asked
+
+
+@pytest.mark.parametrize("args", [{"answer_format": "plain"}, {"prompt_format": "plain"}])
+def test_stop_at_answer_without_an_answer_tag_is_refused(args: dict) -> None:
+    with pytest.raises(EnvironmentLoadError, match="stop_at_answer needs answer_format"):
+        load_environment("reasoning-gym/chain_sum", {**args, "stop_at_answer": True})

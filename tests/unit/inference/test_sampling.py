@@ -139,3 +139,15 @@ def test_a_target_at_the_total_takes_the_last_token_with_weight() -> None:
     weights[:, [3, 17]] = 1.0
     drawn = inverse_cdf(weights, torch.tensor([1.0, 0.999]), block=8)
     assert drawn.tolist() == [17, 17]
+
+
+@pytest.mark.parametrize(
+    ("kept", "expected"), [(False, ("1 + 2 = 3\n<answer>3", "</answer>")),
+                           (True, ("1 + 2 = 3\n<answer>3</answer>", "</answer>"))],
+)  # fmt: skip
+def test_a_text_stops_at_its_earliest_stop_string(kept: bool, expected: tuple) -> None:
+    """The earliest match wins whatever the list's order (vLLM matches token by token), and the
+    stop is kept only when asked (`include_stop_str_in_output`)."""
+    params = SamplingParams(stop=["\n\n", "</answer>"], include_stop_str_in_output=kept)
+    assert params.stopped_text("1 + 2 = 3\n<answer>3</answer>\n\nIn this sum") == expected
+    assert params.stopped_text("1 + 2 = 3") is None
