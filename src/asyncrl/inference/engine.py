@@ -272,6 +272,14 @@ class Engine(EngineThread):
     def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
         # a request's n fresh sequences share its prompt: one of them runs it, the others get
         # a copy of its keys and values and sample from its last logits (`source`)
+        # another thread may abort a sequence at any moment, which frees its slot: the live
+        # sequences and their slots are taken together. A slot freed after this is handed out by
+        # nothing before the next `_admit` (this thread), so keys written into it harm no one.
+        with self._condition:
+            sequences = [s for s in sequences if s.finish_reason is None]
+            held: dict[int, int] = {id(s): s.slot for s in sequences}  # type: ignore[misc]
+        if not sequences:
+            return
         shares = prefill and self.share_prompts
         run, source = share_prompts(sequences) if shares else (sequences, None)
         if prefill:  # the prompt (and a preempted sequence's tokens) after any cached prefix
@@ -285,7 +293,7 @@ class Engine(EngineThread):
             width = 1
             rows = [[s.output_ids[-1]] for s in run]
             starts = [s.cached_len for s in run]
-        slots = [s.slot for s in run]  # kept: a sequence aborted meanwhile loses its slot
+        slots = [held[id(s)] for s in run]
         plan = None  # a decode pass reads each shared prompt's keys once (cascade_attention.py)
         if self.cascade and not prefill:
             prompt_lens = [len(s.request.prompt_ids) for s in run]
@@ -298,9 +306,9 @@ class Engine(EngineThread):
                 sequence.prompt_keys = fresh_prompt_keys()
         if source is not None and len(run) < len(sequences):
             for sequence, row in zip(sequences, source, strict=True):
-                if sequence is not run[row] and sequence.slot is not None:
+                if sequence is not run[row]:
                     shared = len(sequence.request.prompt_ids)
-                    self.cache.copy_prefix(slots[row], sequence.slot, shared)  # type: ignore[arg-type]
+                    self.cache.copy_prefix(slots[row], held[id(sequence)], shared)
                     sequence.prompt_keys = run[row].prompt_keys
             step_logits = step_logits[torch.tensor(source, device=self.device)]
         self.stats.prefill_tokens += sum(lengths) if prefill else 0
@@ -369,13 +377,16 @@ class Engine(EngineThread):
         """Where the requests admitted together begin with the same tokens (a system prompt, a
         template), run that head once in one slot, copy its keys and values to the others and
         let each prefill only the rest (`prefill_plan.shared_head`)."""
+        # as in `_forward`: the live sequences and their slots at once, since an abort on
+        # another thread frees a slot (nothing takes it before the next admission, on this
+        # thread, so the head's keys stay readable)
+        with self._condition:
+            admitted = [s for s in admitted if s.finish_reason is None]
+            held: dict[int, int] = {id(s): s.slot for s in admitted}  # type: ignore[misc]
         leaders, length = shared_head(admitted)
         if not leaders:
             return
-        # kept: a request aborted meanwhile frees its slot, which nothing takes before the next
-        # admission (on this thread), so its keys stay readable
-        head_slot = leaders[0].slot
-        assert head_slot is not None  # admitted: every one holds a slot
+        head_slot = held[id(leaders[0])]
         self._logits([leaders[0].request.prompt_ids[:length]], [head_slot], [0], [length])
         self.stats.prefill_tokens += length
         # every fresh sequence of those requests starts past the head, its siblings too: a
@@ -385,10 +396,8 @@ class Engine(EngineThread):
         for sequence in admitted:
             if id(sequence.request) not in sharing or sequence.output_ids:
                 continue
-            if sequence.slot is None:  # aborted: nothing to prefill
-                continue
-            if sequence.slot != head_slot:
-                self.cache.copy_prefix(head_slot, sequence.slot, length)
+            if held[id(sequence)] != head_slot:
+                self.cache.copy_prefix(head_slot, held[id(sequence)], length)
             sequence.cached = length
 
     def _sample(self, logits: torch.Tensor, views: list[SequenceView]) -> SampleResult:

@@ -126,3 +126,36 @@ def test_decode_split_by_length_gives_the_tokens_and_logprobs_of_one_request_alo
     for one, other in zip(split, alone, strict=True):
         assert one.token_ids == other.token_ids
         assert one.logprobs == pytest.approx(other.logprobs, abs=1e-5)
+
+
+@pytest.mark.parametrize("moment", ["_prefill_shared_head", "_forward-prefill", "_forward-decode"])
+def test_an_abort_between_admission_and_the_forward_pass_costs_only_its_request(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, moment: str
+) -> None:
+    """A client that goes away aborts its request from the server's thread, which frees the
+    slot while the engine thread works outside the lock. Aborted just after admission (before
+    the shared head or a prefill) or just before a decode pass, it used to reach the forward
+    pass with no slot, fail the step and abort every request in flight (a judge's answers came
+    back empty, 1 run in 6). The abort is injected there, on the engine thread."""
+    head = [60 + i % 7 for i in range(20)]  # two prompts sharing a 20-token head
+    prompts = [[*head, 80, 81], [*head, 90, 91, 92]]
+    alone = engine.submit(prompts[0], GREEDY).done.result(timeout=60)[0]
+    method, _, phase = moment.partition("-")
+    real = getattr(engine, method)
+    victims: list = []
+
+    def abort_first(*args, **kwargs):  # type: ignore[no-untyped-def]
+        now = "" if method == "_prefill_shared_head" else "prefill" * kwargs["prefill"] or "decode"
+        if victims and not victims[0].done.done() and now == phase:
+            engine.abort(victims[0])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine, method, abort_first)
+    engine.pause("keep")  # both arrive before the next step: admitted together
+    victims.append(engine.submit(prompts[1], GREEDY))
+    survivor = engine.submit(prompts[0], GREEDY)
+    engine.resume()
+    assert victims[0].done.result(timeout=60)[0].finish_reason == "abort"
+    kept = survivor.done.result(timeout=60)[0]
+    assert kept.finish_reason == "length" and kept.token_ids == alone.token_ids
+    assert engine.failure is None and engine.cache.used_slots == 0
