@@ -8,6 +8,11 @@ parts: generation, scoring, the rest of preparing the batch, training. Stops at 
 seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`. The loss
 (`--loss-type`, `--epsilon`, `--epsilon-high`) is the workload's, mapped by the race to TRL's name,
 and so are LoRA's rank, alpha and target modules (`--lora-rank`; snapshots are then adapters).
+An environment whose examples end at a stop string (`stop_at_answer`) has TRL's `generate` stop
+there too (transformers' `stop_strings`, which keeps the string, as asyncrl's servers are asked
+to); a stopped row is padded with the pad token, which must be an EOS: TRL's loss keeps that
+first EOS as the completion's end (asyncrl's sample ends at the stop, with no token after it)
+and masks the rest.
 """
 
 from __future__ import annotations
@@ -92,6 +97,21 @@ class RaceCallback(TrainerCallback):  # type: ignore[misc]
         return control
 
 
+def stop_like_asyncrl(trainer: Any, tokenizer: Any, examples: list[Any]) -> None:
+    """The examples' stop strings (one set for all) in TRL's generation: `generate` needs the
+    tokenizer to find them, which TRL does not pass, so the policy's `generate` is given it."""
+    stops = {(example.stop, example.stop_kept) for example in examples}
+    if stops == {((), False)}:
+        return
+    kept = len(stops) == 1 and next(iter(stops))[1]
+    if not kept or tokenizer.pad_token_id not in trainer.eos_token_ids:
+        raise SystemExit("race_trl: only one kept stop set, with the pad token an EOS, is raced")
+    ((stop, _),) = stops
+    trainer.generation_config.stop_strings = list(stop)
+    generate = trainer.model.generate
+    trainer.model.generate = lambda *a, **k: generate(*a, tokenizer=tokenizer, **k)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sft", required=True)
@@ -158,11 +178,12 @@ def main() -> None:
             r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
             target_modules=args.lora_targets, task_type="CAUSAL_LM",
         )  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(args.sft)
     trainer = GRPOTrainer(
         model=args.sft, reward_funcs=reward, args=config, train_dataset=dataset,
-        processing_class=AutoTokenizer.from_pretrained(args.sft), callbacks=[callback],
-        peft_config=peft_config,
+        processing_class=tokenizer, callbacks=[callback], peft_config=peft_config,
     )  # fmt: skip
+    stop_like_asyncrl(trainer, tokenizer, examples)
     # the parts of a step: generation and scoring inside the batch's preparation, the rest of
     # that preparation (logprobs, advantages), and the training step around it
     trainer._generate = spans.timed("generate", trainer._generate)
