@@ -5,7 +5,8 @@ One run of a config (the real-model quick start by default), and around it, on t
 - **the ceiling**: one-thread fp32 matmuls at the model's own linear shapes, each as often as a
   token's pass has it, one process pinned to each core, both at once, before and after the run;
   the two-core ceiling is the sum of the two cores' rates with 512 rows (training) in the precision
-  the trainer ran (float32 or bfloat16), the decode rate (32 rows) and the other precision beside;
+  the trainer ran (float32 or bfloat16), the decode rate (32 rows) and bfloat16 beside where the
+  CPU runs it natively;
 - **useful FLOP/s of each role over the run's steady part** (from the end of the trainer's first
   step to its last), counted from the model's shapes and the tokens each processed, matmuls only:
   the trainer's from the batches it trained (the samples it computed: not those whose advantages
@@ -47,6 +48,7 @@ import yaml
 from asyncrl.config.trainer import LossConfig
 from asyncrl.launch.inference_process import free_port, inference_server
 from asyncrl.monitor.metrics import read_headers, read_metrics
+from asyncrl.precision import resolve_recipe
 from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.batches import read_batch
 from asyncrl.types import TrainingBatch
@@ -99,13 +101,15 @@ print(json.dumps(rates))
 """
 
 
-def ceiling(shapes: dict[str, int], cores: list[int]) -> dict[str, dict[str, list[float]]]:
+def ceiling(
+    shapes: dict[str, int], cores: list[int], dtypes: tuple[str, ...]
+) -> dict[str, dict[str, list[float]]]:
     """Each core's one-thread GFLOP/s over one pass through the model's linear layers (each shape
-    as often as the model has it), 512 rows (training) and 32 (decode), in float32 and bfloat16,
+    as often as the model has it), 512 rows (training) and 32 (decode), in each of `dtypes`,
     every core measured at the same time: the rate a role would reach if its matmuls were all
     it did."""
     rates: dict[str, dict[str, list[float]]] = {}
-    for dtype in ("float32", "bfloat16"):
+    for dtype in dtypes:
         runs = [subprocess.Popen([sys.executable, "-c", CEILING_SCRIPT, str(core),
                                   json.dumps(shapes), dtype], stdout=subprocess.PIPE, text=True)
                 for core in cores]  # fmt: skip
@@ -268,7 +272,11 @@ def main() -> None:
     args = parser.parse_args()
     cores = sorted(os.sched_getaffinity(0))[:2]
     body, head, shapes = linear_shapes(args.model)
-    ceiling_before = ceiling(shapes, cores)
+    # bfloat16 beside float32 only where it is native: where it is not (Zen 3: ~60x slower),
+    # `auto` never runs it, and its ceiling took minutes to measure, twice
+    native = resolve_recipe("auto").recipe == "bf16"
+    dtypes = ("float32",) if args.fp32 or not native else ("float32", "bfloat16")
+    ceiling_before = ceiling(shapes, cores, dtypes)
     with tempfile.TemporaryDirectory() as workdir:
         config = yaml.safe_load(args.config.read_text())
         config.update(model=str(args.model), output_dir=f"{workdir}/rl", max_steps=args.steps)
@@ -301,7 +309,7 @@ def main() -> None:
         dtype = served.get("dtype", "auto")
         alone_train = trainer_alone(config, replay, cores[0])
         alone_engine = engine_alone(config, replay, cores[-1], dtype)
-    ceiling_after = ceiling(shapes, cores)
+    ceiling_after = ceiling(shapes, cores, dtypes)
     precision = "bfloat16" if config["trainer"]["recipe"] == "bf16" else "float32"
     pairs = zip(ceiling_before[precision]["512"], ceiling_after[precision]["512"], strict=True)
     two_core = sum(max(before, after) for before, after in pairs)
