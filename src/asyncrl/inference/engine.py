@@ -270,8 +270,6 @@ class Engine(EngineThread):
         return slot
 
     def _forward(self, sequences: list[Sequence], *, prefill: bool) -> None:
-        # a request's n fresh sequences share its prompt: one of them runs it, the others get
-        # a copy of its keys and values and sample from its last logits (`source`)
         # another thread may abort a sequence at any moment, which frees its slot: the live
         # sequences and their slots are taken together. A slot freed after this is handed out by
         # nothing before the next `_admit` (this thread), so keys written into it harm no one.
@@ -280,6 +278,8 @@ class Engine(EngineThread):
             held: dict[int, int] = {id(s): s.slot for s in sequences}  # type: ignore[misc]
         if not sequences:
             return
+        # a request's n fresh sequences share its prompt: one of them runs it, the others get
+        # a copy of its keys and values and sample from its last logits (`source`)
         shares = prefill and self.share_prompts
         run, source = share_prompts(sequences) if shares else (sequences, None)
         if prefill:  # the prompt (and a preempted sequence's tokens) after any cached prefix
