@@ -171,7 +171,7 @@ class ServedModel:
 
         def load() -> None:
             parameters = dict(self.engine.model.named_parameters())
-            for target in adapter.deltas:
+            for target in adapter.factors:
                 if target not in self._base_weights:
                     self._base_weights[target] = parameters[target].detach().clone()
             apply_lora(self.engine.model, self._base_weights, adapter)
