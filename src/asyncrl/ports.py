@@ -5,8 +5,11 @@ The usual trick, bind port 0 and close, returns a port from the kernel's ephemer
 very range it hands to every outgoing connection and every other bind(0). Closed again, the
 port may go to the next connection this node opens before the role binds it, or while the role
 is down for a restart, and the role then fails to start. So ports are chosen below that range
-(`ip_local_port_range`), where the kernel never hands out a port by itself, and each is checked
-free by binding it; all are held until every one is found, so they are distinct.
+(`ip_local_port_range`), where the kernel never hands out a port by itself, and above the ports a
+Ray node gives its workers (`ray start`'s default `--min-worker-port` 10002 to
+`--max-worker-port` 19999: a worker may bind any of them at any moment, and `ray start` refuses
+a `--port` among them); each is checked free by binding it; all are held until every one is
+found, so they are distinct.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ import socket
 from pathlib import Path
 
 PORT_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-LOWEST = 10_000  # below: too many well-known services
+LOWEST = 20_000  # below: well-known services, then Ray's worker ports (10002-19999)
+RAY_WORKER_PORTS = range(10_002, 20_000)
 DEFAULT_EPHEMERAL = (32_768, 60_999)  # Linux's default range, where /proc does not say
 
 

@@ -13,12 +13,16 @@ import pytest
 
 from asyncrl.launch import inference_process
 from asyncrl.launch.inference_process import free_port, inference_server
-from asyncrl.ports import ephemeral_range
+from asyncrl.ports import RAY_WORKER_PORTS, ephemeral_range
 
 
-def test_a_free_port_lies_below_the_range_the_kernel_hands_out() -> None:
+def test_a_free_port_lies_below_the_range_the_kernel_hands_out_and_above_rays_workers() -> None:
+    """Else a neighbour's connection may take it before the server binds it, and `ray start
+    --port` refuses one among its workers' ports (CI at f019933 met both)."""
     first, _ = ephemeral_range()
-    assert free_port() < first
+    ports = [free_port() for _ in range(200)]
+    assert all(port < first for port in ports)
+    assert not [port for port in ports if port in RAY_WORKER_PORTS]
 
 
 def test_a_port_taken_before_the_server_binds_it_is_replaced_by_a_fresh_one(
