@@ -49,13 +49,15 @@ def inference_server(
         log = log_path or Path(scratch) / "server.log"
         for attempt in range(1, STARTS + 1):
             chosen = port or free_port()
-            process = _start(model, args, chosen, env, log)
+            # the first start truncates the log, as a fresh run's; a retry appends to it
+            offset = log.stat().st_size if attempt > 1 else 0
+            process = _start(model, args, chosen, env, log, append=attempt > 1)
             url = f"http://127.0.0.1:{chosen}"
             try:
                 try:
                     wait_healthy(url, process, startup_timeout)
                 except RuntimeError as error:  # it exited before answering
-                    if port is None and attempt < STARTS and PORT_TAKEN in tail(log).lower():
+                    if port is None and attempt < STARTS and _port_taken(log, offset):
                         continue  # another process took the port first: a fresh one
                     raise RuntimeError(f"{error}; the end of {log}:\n{tail(log)}") from None
                 except TimeoutError as error:
@@ -66,14 +68,26 @@ def inference_server(
                 _stop(process)
 
 
+def _port_taken(log: Path, offset: int) -> bool:
+    """Whether this start's own output (the log from `offset` on) says its port was taken."""
+    with open(log, "rb") as output:
+        output.seek(offset)
+        return PORT_TAKEN in output.read().decode(errors="replace").lower()
+
+
 def _start(
-    model: str | Path, args: tuple[str, ...], port: int, env: dict[str, str] | None, log: Path
+    model: str | Path,
+    args: tuple[str, ...],
+    port: int,
+    env: dict[str, str] | None,
+    log: Path,
+    append: bool,
 ) -> subprocess.Popen[bytes]:
     command = [
         sys.executable, "-m", "asyncrl.cli", "infer",
         "--model", str(model), "--port", str(port), *args,
     ]  # fmt: skip
-    with open(log, "ab") as output:  # the child holds its own copy
+    with open(log, "ab" if append else "wb") as output:  # the child holds its own copy
         return subprocess.Popen(
             command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
         )
