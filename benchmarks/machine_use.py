@@ -19,6 +19,8 @@ One run of a config (the real-model quick start by default), and around it, on t
   after the run the trainer retrains the run's own batches pinned to its core with nothing beside
   it, and the engine, alone on its core, answers the run's own prompts with the run's sampling.
 
+Also the engine's generated tokens per step (about the rows of a decode pass) in the run and alone,
+and the share of generated tokens that reached a trained batch (the rest were in dropped groups).
 Prints one JSON line. Roles are placed by `asyncrl rl` itself (a core each on a 2-core machine).
 
     python benchmarks/machine_use.py --model models/smollm2-135m-instruct --steps 20 [--fp32]
@@ -147,7 +149,12 @@ def role_threads() -> dict[str, dict[str, float]]:
 def server_counters(url: str) -> dict[str, float]:
     with urllib.request.urlopen(f"{url}/metrics", timeout=2) as response:
         text = response.read().decode()
-    names = ("generation_tokens_total", "prefill_tokens_total", "engine_busy_seconds_total")
+    names = (
+        "generation_tokens_total",
+        "prefill_tokens_total",
+        "engine_busy_seconds_total",
+        "engine_steps_total",
+    )
     return {name: float(re.search(rf"^asyncrl:{name}\S* (\S+)$", text, re.M)[1])  # type: ignore[index]
             for name in names}  # fmt: skip
 
@@ -336,7 +343,17 @@ def main() -> None:
                                           / alone_busy / 1e9, 1),
                    "tokens_per_busy_s": round(server["generation_tokens_total"] / engine_busy, 1),
                    "tokens_per_busy_s_alone": round(
-                       alone_engine["generation_tokens_total"] / alone_busy, 1)},
+                       alone_engine["generation_tokens_total"] / alone_busy, 1),
+                   # ~ rows a decode pass: a step is one pass, its prefilled rows' first tokens
+                   "tokens_per_step": round(
+                       server["generation_tokens_total"] / server["engine_steps_total"], 1),
+                   "tokens_per_step_alone": round(
+                       alone_engine["generation_tokens_total"]
+                       / alone_engine["engine_steps_total"], 1),
+                   # generated tokens that reached a trained batch (the rest: dropped groups)
+                   "trained_token_share": round(sum(
+                       len(s.completion_ids) for b in batches for s in b.samples)
+                       / server["generation_tokens_total"], 3)},
         "machine_use": round((trainer_rate + engine_rate) / two_core, 3),
     }))  # fmt: skip
 
