@@ -51,7 +51,9 @@ class ColocatedInference:
         # off loopback without a key: refused before any model loads
         log_access(config, server_api_key(config))
         self.vllm = config.backend == "vllm"
-        self.served = vllm_served_model(config) if self.vllm else load_served_model(config)
+        self.served = (
+            vllm_served_model(config) if self.vllm else load_served_model(config, input_major=False)
+        )
         self.engine = self.served.engine
         if not self.vllm:  # vLLM's names differ (fused q/k/v); its loader checks them itself
             check_names(policy_tensors(model), self.engine.model)

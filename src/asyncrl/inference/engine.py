@@ -167,8 +167,9 @@ class Engine(EngineThread):
                 parameter = parameters[name]
                 if parameter.data_ptr() == tensor.data_ptr():
                     continue
-                same_kind = (tensor.dtype, tensor.device, tensor.shape) == (
-                    parameter.dtype, parameter.device, parameter.shape,
+                # the stride too: an input-major weight stays so (`input_major.py`)
+                same_kind = (tensor.dtype, tensor.device, tensor.shape, tensor.stride()) == (
+                    parameter.dtype, parameter.device, parameter.shape, parameter.stride(),
                 )  # fmt: skip
                 if take and same_kind:
                     parameter.data = tensor

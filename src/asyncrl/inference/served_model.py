@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import xxhash
 
+from asyncrl.inference.input_major import like_parameter
 from asyncrl.inference.serving_engine import ServingEngine
 from asyncrl.inference.weights import (
     LoraAdapter,
@@ -59,6 +61,7 @@ class ServedModel:
         self._adapter: LoraAdapter | None = None
         self._base_weights: dict[str, torch.Tensor] = {}
         self._fingerprint = self._compute_fingerprint()
+        self._base_fingerprint = self._fingerprint  # of the weights without a merged adapter
         # event loops awaiting a change of version (a long-polled /weight_info)
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
@@ -115,7 +118,7 @@ class ServedModel:
         source = read_full_weights(self.engine.model, directory, self.weight_roots)
         fingerprint = weights_fingerprint(source.items())
         parameters = dict(self.engine.model.named_parameters())
-        staged = {name: tensor.to(parameters[name].dtype) for name, tensor in source.items()}
+        staged = {name: like_parameter(tensor, parameters[name]) for name, tensor in source.items()}
 
         def load() -> None:
             self.engine.install(staged, take=True)
@@ -176,7 +179,8 @@ class ServedModel:
                     self._base_weights[target] = parameters[target].detach().clone()
             apply_lora(self.engine.model, self._base_weights, adapter)
             self._adapter = adapter
-            self._set(resolved_version, str(directory))
+            served = merged_fingerprint(self._base_fingerprint, adapter)
+            self._set(resolved_version, str(directory), served, adapted=True)
 
         self.engine.run_exclusive(load)
         logger.info("loaded LoRA adapter `%s` from %s", name, directory)
@@ -189,17 +193,26 @@ class ServedModel:
         def unload() -> None:
             apply_lora(self.engine.model, self._base_weights, None)
             self._adapter = None
-            self._set(self._version, self._weight_dir)
+            self._set(self._version, self._weight_dir, self._base_fingerprint)
 
         self.engine.run_exclusive(unload)
         return self.info()
 
-    def _set(self, version: int, weight_dir: str | None, fingerprint: str | None = None) -> None:
+    def _set(
+        self,
+        version: int,
+        weight_dir: str | None,
+        fingerprint: str | None = None,
+        adapted: bool = False,
+    ) -> None:
         """Called on the engine thread, between steps: tokens sampled from now on carry it.
-        `fingerprint`: of the weights as given; None: of the engine's weights as they are."""
+        `fingerprint`: of the weights as given; None: of the engine's weights as they are.
+        `adapted`: an adapter is merged into them (else they are the base of the next one)."""
         self.engine.weight_version = version
         self.engine.forget_prefixes()  # keys and values of the old weights
         fingerprint = fingerprint or self._compute_fingerprint()
+        if not adapted:
+            self._base_fingerprint = fingerprint
         with self._lock:
             self._version = version
             self._weight_dir = weight_dir
@@ -208,6 +221,20 @@ class ServedModel:
 
     def _compute_fingerprint(self) -> str:
         return weights_fingerprint(self.engine.named_weights())
+
+
+def merged_fingerprint(base: str, adapter: LoraAdapter) -> str:
+    """What a server reports with `adapter` merged into weights of fingerprint `base`: the two
+    combined (the adapter's factors and scale), the same for the same base and adapter. The
+    merged weights are not read again: hashing them cost the engine's core 40-50 ms a load on
+    SmolLM2, and over three times that with input-major weights (`input_major.py`)."""
+    factors = [
+        (f"{target}.{part}", tensor)
+        for target, (lora_b, lora_a) in adapter.factors.items()
+        for part, tensor in (("lora_B", lora_b), ("lora_A", lora_a))
+    ]
+    combined = f"{base}+{weights_fingerprint(factors)}*{adapter.scale!r}"
+    return xxhash.xxh3_128(combined.encode()).hexdigest()[:16]
 
 
 def _step_of(directory: Path) -> int:

@@ -28,6 +28,7 @@ from asyncrl.inference.api_errors import APIError, error_response
 from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
 from asyncrl.inference.engine import Engine
+from asyncrl.inference.input_major import lay_out_input_major
 from asyncrl.inference.kv_cache import default_budget, slot_bytes
 from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
@@ -42,7 +43,10 @@ from asyncrl.web.server_instance import ServerInstance
 logger = get_logger(__name__)
 
 
-def load_served_model(config: InferenceConfig) -> ServedModel:
+def load_served_model(config: InferenceConfig, input_major: bool = True) -> ServedModel:
+    """The server's model and engine. `input_major`: its CPU float32 linears kept input-major
+    (`input_major.py`); a colocated engine keeps the loaded layout, since it takes a trainer's
+    tensors in every step (shared, or copied in and fingerprinted on its thread)."""
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
     )
@@ -55,6 +59,8 @@ def load_served_model(config: InferenceConfig) -> ServedModel:
         attn_implementation="sdpa",
         **overrides,
     ).to(default_device())
+    if input_major:
+        lay_out_input_major(model)
     max_model_len = config.max_model_len or int(model.config.max_position_embeddings)
     engine = Engine(
         model,

@@ -238,7 +238,8 @@ class WeightReceiver:
             raise ValueError(f"trainer sends {count} tensors, this model has {len(parameters)}")
         staged = {}
         for name, parameter in parameters:
-            buffer = torch.empty_like(parameter)
+            # contiguous, as sent: a parameter's own layout may differ (`input_major.py`)
+            buffer = torch.empty(parameter.shape, dtype=parameter.dtype, device=parameter.device)
             dist.broadcast(buffer, src=0)
             staged[name] = buffer
         return step, staged
