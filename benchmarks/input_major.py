@@ -1,9 +1,10 @@
 """The embedded engine with its linear weights input-major (`inference/input_major.py`) against
 the same engine with them as loaded, side by side in one process.
 
-Two engines on two copies of the model (float32, one thread, pinned to one core), stepped
-in-process without their threads: `--rows` sequences in groups of 8 sharing a prompt (as the
-orchestrator asks), `--tokens` tokens each with EOS ignored. Rounds alternate between the two,
+Two engines on two copies of the model (float32, one thread, pinned to one core), each on its
+own engine thread: `--rows` sequences in groups of 8 sharing a prompt (as the orchestrator asks),
+submitted while the engine is paused and released together, `--tokens` tokens each with EOS
+ignored; a round is timed from the release to the last completion. Rounds alternate between the two,
 `--repeats` times after a warm-up round each; the JSON line gives each side's median tokens/s
 and the speed-up (mean round time plain ÷ input-major) with a bootstrap 95 % interval over the
 rounds, per row count.
@@ -33,17 +34,11 @@ from race_stats import bootstrap_ratio
 GROUP = 8
 
 
-def stopped_engine(path: Path, tokenizer: PreTrainedTokenizerBase, input_major: bool) -> Engine:
-    """An engine whose background thread is stopped: the benchmark steps it itself."""
+def started_engine(path: Path, tokenizer: PreTrainedTokenizerBase, input_major: bool) -> Engine:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     if input_major:
         assert lay_out_input_major(model) > 0
-    engine = Engine(model, tokenizer, max_num_seqs=128, max_model_len=256)
-    with engine._condition:
-        engine._stopped = True
-        engine._condition.notify_all()
-    engine._thread.join()
-    return engine
+    return Engine(model, tokenizer, max_num_seqs=128, max_model_len=256)
 
 
 def prompts(tokenizer: PreTrainedTokenizerBase, groups: int) -> list[list[int]]:
@@ -64,10 +59,12 @@ def prompts(tokenizer: PreTrainedTokenizerBase, groups: int) -> list[list[int]]:
 
 def round_seconds(engine: Engine, prompt_ids: list[list[int]], tokens: int) -> float:
     params = SamplingParams(max_tokens=tokens, temperature=0.7, ignore_eos=True, logprobs=0)
+    engine.pause("keep")  # held until all are in: one prefill, as a batch of groups arrives
     requests = [engine.submit(ids, params, n=GROUP) for ids in prompt_ids]
     started = time.perf_counter()
-    while not all(request.done.done() for request in requests):
-        engine._step()
+    engine.resume()
+    for request in requests:
+        request.done.result(timeout=600)
     return time.perf_counter() - started
 
 
@@ -82,8 +79,8 @@ def main() -> None:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engines = {
-        "plain": stopped_engine(args.model, tokenizer, input_major=False),
-        "input_major": stopped_engine(args.model, tokenizer, input_major=True),
+        "plain": started_engine(args.model, tokenizer, input_major=False),
+        "input_major": started_engine(args.model, tokenizer, input_major=True),
     }
     results: dict[str, object] = {}
     for rows in args.rows:
@@ -103,6 +100,8 @@ def main() -> None:
             },
             "speedup": [round(mean, 3), round(low, 3), round(high, 3)],
         }
+    for engine in engines.values():
+        engine.shutdown()
     line = {"benchmark": "input_major", "cpu": cpu_name(), "threads": 1, "model": args.model.name,
             "tokens": args.tokens, "repeats": args.repeats, "results": results}  # fmt: skip
     print(json.dumps(line))
