@@ -371,6 +371,8 @@ class Engine(EngineThread):
         except PlanIgnored:
             self.cascade = False  # from now on: the model's attention does not take plans
             raise
+        if len(positions) == 1:  # one position a row (every decode pass): a view, not a copy
+            return logits[:, 0]
         kept = torch.searchsorted(positions, last)
         return logits[torch.arange(len(rows), device=self.device), kept]
 

@@ -178,7 +178,9 @@ def sample(
     if failed:  # a uniform stand-in keeps the batch going; the engine aborts these rows
         processed[broken] = 0.0
         row_max = row_max.masked_fill(broken, 0.0)
-    shifted = processed - row_max.unsqueeze(1)  # [batch, vocab], at most 0
+    # in place: `processed` is the sampler's own (`process_logits` divides into a new tensor);
+    # one [batch, vocab] tensor fewer a pass (~4 ms of SmolLM2's 185 at 40 rows in a profile)
+    shifted = processed.sub_(row_max.unsqueeze(1))  # [batch, vocab], at most 0
     weights = shifted.exp()  # the distribution, unnormalised
     log_total = weights.sum(dim=-1).log()  # [batch]: log_softmax = shifted - log_total
     greedy_rows = [row for row, s in enumerate(sequences) if s.params.greedy]

@@ -1,0 +1,115 @@
+"""The embedded engine's decode, two source trees side by side: what a change to the engine's
+pass (its layout, its head, its sampler) buys at the shape of an RL step.
+
+For each tree given (`--trees OLD/src NEW/src`) a fresh process loads the model exactly as the
+server does (`load_served_model`: the tree's own layout and engine), with malloc tuned as a role
+is (`keep_freed_memory`), pinned to one core with one torch thread, and times `--repeats`
+rounds after one untimed: `--rows` sequences in groups of 8 sharing a prompt (as the
+orchestrator asks), submitted while the engine is paused and released together, `--tokens`
+tokens each with EOS ignored, at temperature 0.7. Trees alternate round by round, `--rounds`
+times. Prints one JSON line: each tree's tokens per second (median over its rounds) and the
+first tree's mean round time over each other's, with a 95 % bootstrap interval over rounds.
+
+    PYTHONPATH=src:benchmarks python benchmarks/decode_trees.py \
+        --model models/smollm2-135m-instruct --trees /tmp/old/src src --rows 40 [--rounds 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from machine import cpu_name
+from race_stats import bootstrap_ratio
+
+GROUP = 8
+PROMPT = "Write the calculation, then the result in answer tags.\nWhat is {} + {}?"
+
+
+def child(model: str, rows: int, tokens: int, repeats: int) -> list[float]:
+    """Round times of this process's tree (imported from PYTHONPATH)."""
+    from asyncrl.heap import keep_freed_memory
+
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    keep_freed_memory()
+    import time
+
+    import torch
+
+    from asyncrl.config.inference import InferenceConfig
+    from asyncrl.inference.sampling import SamplingParams
+    from asyncrl.inference.server import load_served_model
+
+    torch.set_num_threads(1)
+    config = InferenceConfig(model=model, dtype="float32", max_model_len=256, max_num_seqs=128)
+    served = load_served_model(config)
+    engine, tokenizer = served.engine, served.engine.tokenizer
+    prompts = [
+        list(tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPT.format(i, i + 3)}],
+            add_generation_prompt=True, return_dict=True,
+        )["input_ids"])
+        for i in range(max(1, rows // GROUP))
+    ]  # fmt: skip
+    params = SamplingParams(max_tokens=tokens, temperature=0.7, ignore_eos=True, logprobs=0)
+    times = []
+    try:
+        for _ in range(repeats + 1):  # the first warms up
+            engine.pause("keep")  # held until all are in: one prefill, as a batch arrives
+            requests = [engine.submit(ids, params, n=GROUP) for ids in prompts]
+            started = time.perf_counter()
+            engine.resume()
+            for request in requests:
+                request.done.result(timeout=600)
+            times.append(time.perf_counter() - started)
+    finally:
+        engine.shutdown()
+    return times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="models/smollm2-135m-instruct")
+    parser.add_argument("--trees", nargs="+", default=["src"], help="source trees to compare")
+    parser.add_argument("--rows", type=int, default=40)
+    parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--repeats", type=int, default=3, help="timed rounds per process")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats)))
+        return
+    benchmarks = str(Path(__file__).resolve().parent)
+    per_tree: dict[str, list[float]] = {tree: [] for tree in args.trees}
+    for _ in range(args.rounds):
+        for tree in args.trees:
+            environment = os.environ | {"PYTHONPATH": f"{Path(tree).resolve()}:{benchmarks}"}
+            command = [sys.executable, __file__, "--child", "--model", args.model,
+                       "--rows", str(args.rows), "--tokens", str(args.tokens),
+                       "--repeats", str(args.repeats)]  # fmt: skip
+            output = subprocess.run(command, env=environment, check=True,
+                                    capture_output=True, text=True).stdout  # fmt: skip
+            per_tree[tree].extend(json.loads(output.strip().splitlines()[-1]))
+    generated = max(1, args.rows // GROUP) * GROUP * args.tokens
+    first, *others = args.trees
+    line = {
+        "benchmark": "decode_trees", "cpu": cpu_name(), "threads": 1, "model": args.model,
+        "rows": args.rows, "tokens": args.tokens, "rounds": args.rounds, "repeats": args.repeats,
+        "tokens_per_s": {tree: round(generated / statistics.median(times), 1)
+                         for tree, times in per_tree.items()},
+        "speedup_over_first": {
+            tree: [round(v, 3) for v in bootstrap_ratio(per_tree[first], per_tree[tree])]
+            for tree in others
+        },
+    }  # fmt: skip
+    print(json.dumps(line))
+
+
+if __name__ == "__main__":
+    main()
