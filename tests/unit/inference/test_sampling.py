@@ -37,6 +37,23 @@ def test_greedy_reports_logprobs_at_temperature_one() -> None:
     assert result.logprobs.item() == pytest.approx(math.log(0.75))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0), SamplingParams(temperature=0.0),
+     SamplingParams(temperature=0.7, top_k=2, top_p=0.9, logprobs=2)],
+)  # fmt: skip
+def test_sampling_leaves_the_callers_logits_as_they_were(params: SamplingParams) -> None:
+    """`sample` shifts its processed logits in place: they must be its own, never the caller's
+    (the engine passes a view of the head's output, and a failed batch is sampled again row by
+    row from the same logits)."""
+    logits = torch.tensor([[0.5, 2.0, -1.0, 3.0], [1.0, 1.0, 0.0, -2.0]])
+    before = logits.clone()
+
+    sample(logits, [view(params), view(params)], eos_token_ids=[])
+
+    assert torch.equal(logits, before)
+
+
 def test_top_k_keeps_the_k_best() -> None:
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     out = process_logits(logits, [view(SamplingParams(top_k=2))], eos_token_ids=[])
