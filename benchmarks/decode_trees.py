@@ -6,9 +6,10 @@ server does (`load_served_model`: the tree's own layout and engine), with malloc
 is (`keep_freed_memory`), pinned to one core with one torch thread, and times `--repeats`
 rounds after one untimed: `--rows` sequences in groups of 8 sharing a prompt (as the
 orchestrator asks), submitted while the engine is paused and released together, `--tokens`
-tokens each with EOS ignored, at temperature 0.7. Trees alternate round by round, `--rounds`
-times. Prints one JSON line: each tree's tokens per second (median over its rounds) and the
-first tree's mean round time over each other's, with a 95 % bootstrap interval over rounds.
+tokens each with EOS ignored, at temperature 0.7 (`input_major.py`'s rounds). Trees alternate
+round by round, `--rounds` times. Prints one JSON line: each tree's tokens per second (median
+over its rounds) and the first tree's mean round time over each other's, with a 95 % bootstrap
+interval over rounds. A tree without asyncrl, or a round run on another tree's, stops it.
 
     PYTHONPATH=src:benchmarks python benchmarks/decode_trees.py \
         --model models/smollm2-135m-instruct --trees /tmp/old/src src --rows 40 [--rounds 6]
@@ -28,48 +29,46 @@ from machine import cpu_name
 from race_stats import bootstrap_ratio
 
 GROUP = 8
-PROMPT = "Write the calculation, then the result in answer tags.\nWhat is {} + {}?"
 
 
-def child(model: str, rows: int, tokens: int, repeats: int) -> list[float]:
-    """Round times of this process's tree (imported from PYTHONPATH)."""
+def child(model: str, rows: int, tokens: int, repeats: int) -> dict[str, object]:
+    """Round times of this process's tree (imported from PYTHONPATH), and where it was imported
+    from (a tree without asyncrl would fall through to the installed one)."""
     from asyncrl.heap import keep_freed_memory
 
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     keep_freed_memory()
-    import time
-
     import torch
 
+    import asyncrl
     from asyncrl.config.inference import InferenceConfig
-    from asyncrl.inference.sampling import SamplingParams
     from asyncrl.inference.server import load_served_model
+    from input_major import prompts, round_seconds
 
     torch.set_num_threads(1)
     config = InferenceConfig(model=model, dtype="float32", max_model_len=256, max_num_seqs=128)
-    served = load_served_model(config)
-    engine, tokenizer = served.engine, served.engine.tokenizer
-    prompts = [
-        list(tokenizer.apply_chat_template(
-            [{"role": "user", "content": PROMPT.format(i, i + 3)}],
-            add_generation_prompt=True, return_dict=True,
-        )["input_ids"])
-        for i in range(max(1, rows // GROUP))
-    ]  # fmt: skip
-    params = SamplingParams(max_tokens=tokens, temperature=0.7, ignore_eos=True, logprobs=0)
-    times = []
+    engine = load_served_model(config).engine
+    prompt_ids = prompts(engine.tokenizer, max(1, rows // GROUP))
     try:
-        for _ in range(repeats + 1):  # the first warms up
-            engine.pause("keep")  # held until all are in: one prefill, as a batch arrives
-            requests = [engine.submit(ids, params, n=GROUP) for ids in prompts]
-            started = time.perf_counter()
-            engine.resume()
-            for request in requests:
-                request.done.result(timeout=600)
-            times.append(time.perf_counter() - started)
+        times = [round_seconds(engine, prompt_ids, tokens) for _ in range(repeats + 1)]
     finally:
         engine.shutdown()
-    return times[1:]
+    return {"imported_from": asyncrl.__file__, "seconds": times[1:]}  # the first warms up
+
+
+def round_times(tree: Path, args: argparse.Namespace, benchmarks: str) -> list[float]:
+    """One fresh process's timed rounds on `tree`; its failure or a wrong import says which."""
+    environment = os.environ | {"PYTHONPATH": f"{tree}:{benchmarks}"}
+    command = [sys.executable, __file__, "--child", "--model", args.model,
+               "--rows", str(args.rows), "--tokens", str(args.tokens),
+               "--repeats", str(args.repeats)]  # fmt: skip
+    done = subprocess.run(command, env=environment, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"decode_trees: the round on {tree} failed:\n{done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if not Path(result["imported_from"]).resolve().is_relative_to(tree):
+        raise SystemExit(f"decode_trees: {tree} ran asyncrl from {result['imported_from']}")
+    return result["seconds"]
 
 
 def main() -> None:
@@ -86,16 +85,14 @@ def main() -> None:
         print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats)))
         return
     benchmarks = str(Path(__file__).resolve().parent)
+    trees = [Path(tree).resolve() for tree in args.trees]
+    missing = [str(tree) for tree in trees if not (tree / "asyncrl" / "__init__.py").is_file()]
+    if missing:
+        raise SystemExit(f"decode_trees: no asyncrl package under {', '.join(missing)}")
     per_tree: dict[str, list[float]] = {tree: [] for tree in args.trees}
     for _ in range(args.rounds):
-        for tree in args.trees:
-            environment = os.environ | {"PYTHONPATH": f"{Path(tree).resolve()}:{benchmarks}"}
-            command = [sys.executable, __file__, "--child", "--model", args.model,
-                       "--rows", str(args.rows), "--tokens", str(args.tokens),
-                       "--repeats", str(args.repeats)]  # fmt: skip
-            output = subprocess.run(command, env=environment, check=True,
-                                    capture_output=True, text=True).stdout  # fmt: skip
-            per_tree[tree].extend(json.loads(output.strip().splitlines()[-1]))
+        for name, tree in zip(args.trees, trees, strict=True):
+            per_tree[name].extend(round_times(tree, args, benchmarks))
     generated = max(1, args.rows // GROUP) * GROUP * args.tokens
     first, *others = args.trees
     line = {
