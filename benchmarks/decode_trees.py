@@ -6,7 +6,8 @@ server does (`load_served_model`: the tree's own layout and engine), with malloc
 is (`keep_freed_memory`), pinned to one core with one torch thread, and times `--repeats`
 rounds after one untimed: `--rows` sequences in groups of 8 sharing a prompt (as the
 orchestrator asks), submitted while the engine is paused and released together, `--tokens`
-tokens each with EOS ignored, at temperature 0.7 (`input_major.py`'s rounds). Trees alternate
+tokens each with EOS ignored, at temperature 0.7 (`input_major.py`'s rounds), served in
+`--dtype` (float32; bfloat16 is what `auto` serves where the CPU has it native). Trees alternate
 round by round, `--rounds` times. Prints one JSON line: each tree's tokens per second (median
 over its rounds) and the first tree's mean round time over each other's, with a 95 % bootstrap
 interval over rounds. A tree without asyncrl, or a round run on another tree's, stops it.
@@ -27,11 +28,12 @@ from pathlib import Path
 
 from machine import cpu_name
 from race_stats import bootstrap_ratio
+from source_trees import check_imported, checked_trees, imported_from
 
 GROUP = 8
 
 
-def child(model: str, rows: int, tokens: int, repeats: int) -> dict[str, object]:
+def child(model: str, rows: int, tokens: int, repeats: int, dtype: str) -> dict[str, object]:
     """Round times of this process's tree (imported from PYTHONPATH), and where it was imported
     from (a tree without asyncrl would fall through to the installed one)."""
     from asyncrl.heap import keep_freed_memory
@@ -40,20 +42,19 @@ def child(model: str, rows: int, tokens: int, repeats: int) -> dict[str, object]
     keep_freed_memory()
     import torch
 
-    import asyncrl
     from asyncrl.config.inference import InferenceConfig
     from asyncrl.inference.server import load_served_model
     from input_major import prompts, round_seconds
 
     torch.set_num_threads(1)
-    config = InferenceConfig(model=model, dtype="float32", max_model_len=256, max_num_seqs=128)
+    config = InferenceConfig(model=model, dtype=dtype, max_model_len=256, max_num_seqs=128)
     engine = load_served_model(config).engine
     prompt_ids = prompts(engine.tokenizer, max(1, rows // GROUP))
     try:
         times = [round_seconds(engine, prompt_ids, tokens) for _ in range(repeats + 1)]
     finally:
         engine.shutdown()
-    return {"imported_from": asyncrl.__file__, "seconds": times[1:]}  # the first warms up
+    return {"imported_from": imported_from(), "seconds": times[1:]}  # the first warms up
 
 
 def round_times(tree: Path, args: argparse.Namespace, benchmarks: str) -> list[float]:
@@ -61,13 +62,12 @@ def round_times(tree: Path, args: argparse.Namespace, benchmarks: str) -> list[f
     environment = os.environ | {"PYTHONPATH": f"{tree}:{benchmarks}"}
     command = [sys.executable, __file__, "--child", "--model", args.model,
                "--rows", str(args.rows), "--tokens", str(args.tokens),
-               "--repeats", str(args.repeats)]  # fmt: skip
+               "--repeats", str(args.repeats), "--dtype", args.dtype]  # fmt: skip
     done = subprocess.run(command, env=environment, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"decode_trees: the round on {tree} failed:\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    if not Path(result["imported_from"]).resolve().is_relative_to(tree):
-        raise SystemExit(f"decode_trees: {tree} ran asyncrl from {result['imported_from']}")
+    check_imported(tree, result["imported_from"], "decode_trees")
     return result["seconds"]
 
 
@@ -79,16 +79,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds per process")
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="what the server serves in (bfloat16: `auto` on a CPU with it native)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats)))
+        print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats, args.dtype)))
         return
     benchmarks = str(Path(__file__).resolve().parent)
-    trees = [Path(tree).resolve() for tree in args.trees]
-    missing = [str(tree) for tree in trees if not (tree / "asyncrl" / "__init__.py").is_file()]
-    if missing:
-        raise SystemExit(f"decode_trees: no asyncrl package under {', '.join(missing)}")
+    trees = checked_trees(args.trees, "decode_trees")
     per_tree: dict[str, list[float]] = {tree: [] for tree in args.trees}
     for _ in range(args.rounds):
         for name, tree in zip(args.trees, trees, strict=True):
@@ -97,6 +100,7 @@ def main() -> None:
     first, *others = args.trees
     line = {
         "benchmark": "decode_trees", "cpu": cpu_name(), "threads": 1, "model": args.model,
+        "dtype": args.dtype,
         "rows": args.rows, "tokens": args.tokens, "rounds": args.rounds, "repeats": args.repeats,
         "tokens_per_s": {tree: round(generated / statistics.median(times), 1)
                          for tree, times in per_tree.items()},

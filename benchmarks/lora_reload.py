@@ -7,7 +7,8 @@ given (`--trees OLD/src NEW/src`), alternating the trees round by round, each ro
 process on one core with one torch thread: `--reloads` timed loads of one adapter (rank
 `--rank` on every linear layer, random factors, saved with PEFT) after one untimed. Prints one
 JSON line: each tree's seconds a reload (mean over rounds) and the first tree's time over each
-other's, with a 95 % bootstrap interval over the rounds.
+other's, with a 95 % bootstrap interval over the rounds. A tree without asyncrl, or a round
+run on another tree's, stops it (`source_trees.py`).
 
     python benchmarks/lora_reload.py --model models/smollm2-135m-instruct \
         --trees /tmp/old/src src [--rounds 5] [--reloads 8] [--rank 16]
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from machine import cpu_name
 from race_stats import bootstrap_ratio
+from source_trees import check_imported, checked_trees, imported_from
 
 LINEAR_LAYERS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -43,8 +45,9 @@ def save_adapter(model: str, rank: int, directory: Path) -> None:
     get_peft_model(base, config).save_pretrained(directory)
 
 
-def time_reloads(model: str, root: Path, reloads: int) -> list[float]:
-    """(in the child, on the tree under test) Seconds for each in-place load of the adapter."""
+def time_reloads(model: str, root: Path, reloads: int) -> dict[str, object]:
+    """(in the child, on the tree under test) Seconds for each in-place load of the adapter, and
+    where asyncrl was imported from."""
     import torch
 
     from asyncrl.config.inference import InferenceConfig
@@ -63,7 +66,7 @@ def time_reloads(model: str, root: Path, reloads: int) -> list[float]:
         served.load_lora("policy", adapter, load_inplace=True, version=version)
         seconds.append(time.perf_counter() - start)
     served.engine.shutdown()
-    return seconds
+    return {"imported_from": imported_from(), "seconds": seconds}
 
 
 def main() -> None:
@@ -78,18 +81,24 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(time_reloads(args.model, args.child, args.reloads)))
         return
+    trees = checked_trees(args.trees, "lora_reload")
     per_tree: dict[str, list[float]] = {tree: [] for tree in args.trees}
+    benchmarks = str(Path(__file__).resolve().parent)
     with tempfile.TemporaryDirectory(prefix="lora-reload-") as scratch:
         root = Path(scratch)
         save_adapter(args.model, args.rank, root / "adapter")
         for _ in range(args.rounds):
-            for tree in args.trees:
+            for name, tree in zip(args.trees, trees, strict=True):
                 command = [sys.executable, __file__, "--model", args.model, "--reloads",
                            str(args.reloads), "--child", str(root)]  # fmt: skip
-                environment = {**os.environ, "PYTHONPATH": f"{Path(tree).resolve()}"}
-                output = subprocess.run(command, env=environment, check=True,
-                                        capture_output=True, text=True).stdout  # fmt: skip
-                per_tree[tree].append(statistics.fmean(json.loads(output.splitlines()[-1])))
+                environment = {**os.environ, "PYTHONPATH": f"{tree}:{benchmarks}"}
+                done = subprocess.run(command, env=environment, capture_output=True, text=True)
+                if done.returncode != 0:
+                    failure = done.stderr[-3000:]
+                    raise SystemExit(f"lora_reload: the round on {tree} failed:\n{failure}")
+                result = json.loads(done.stdout.splitlines()[-1])
+                check_imported(tree, result["imported_from"], "lora_reload")
+                per_tree[name].append(statistics.fmean(result["seconds"]))
     first, *others = args.trees
     result: dict[str, object] = {
         "cpu": cpu_name(), "model": args.model, "rank": args.rank, "rounds": args.rounds,
