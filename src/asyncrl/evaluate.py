@@ -6,7 +6,8 @@ scores a run's checkpoints and prints a table. Generation is a plain batched `mo
 in this process, enough for the tiny models the quick start uses and independent of any
 server; a multi-turn environment's episodes are played here too (`play_episodes.py`). With
 `generator: engine` the embedded engine samples single-turn completions instead, in this
-process too (`engine_completions.py`: the same distribution, in less time). The records are
+process too (`engine_completions.py`: the same distribution, in less time), its float32 linear
+weights laid out as the server lays out its own (`inference/input_major.py`). The records are
 those of online evaluation (`monitor/eval_records.py`).
 """
 
@@ -28,6 +29,7 @@ from asyncrl.engine_completions import engine_completions
 from asyncrl.envs import Environment, Example, load_environment, score
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.plain_prompt import cut_at_stop
+from asyncrl.inference.input_major import lay_out_input_major
 from asyncrl.log import get_logger
 from asyncrl.monitor.eval_records import summarize
 from asyncrl.monitor.metrics import MetricsWriter
@@ -215,6 +217,8 @@ def run_eval(config: EvalRunConfig) -> list[ScoredModel]:
         model, tokenizer = load_policy(
             name, config.base_model, config.tokenizer, config.trust_remote_code
         )
+        if config.generator == "engine":  # the model is this process's own: its engine reads
+            lay_out_input_major(model)  # the weights as the server's does (input_major.py)
         result = evaluate(
             model, tokenizer, env,
             num_examples=config.num_examples, rollouts_per_example=config.rollouts_per_example,

@@ -87,3 +87,28 @@ def test_a_multi_turn_environment_asks_for_generate(tiny_model_dir: Path) -> Non
     )
     with pytest.raises(ConfigError, match="generator: hf"):
         run_eval(config)
+
+
+def test_asyncrl_eval_lays_its_own_model_out_as_the_server_does_and_scores_the_same(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The model `asyncrl eval` loads is its own: with `generator: engine` its float32 linears
+    are read straight, as the server's are (`inference/input_major.py`), and the greedy
+    completions are still those of `generate` on the model as loaded."""
+    import asyncrl.evaluate as evaluate_module
+    from asyncrl.inference.input_major import is_input_major
+
+    seen: dict[str, bool] = {}
+
+    def watched(model, *args, **kwargs):  # type: ignore[no-untyped-def]
+        seen[kwargs["generator"]] = is_input_major(model.model.layers[0].mlp.gate_proj.weight)
+        return evaluate(model, *args, **kwargs)
+
+    monkeypatch.setattr(evaluate_module, "evaluate", watched)
+    common = {"model": str(tiny_model_dir), "env": {"id": "reverse-text"}, "num_examples": 6,
+              "max_tokens": 10, "temperature": 0.0}  # fmt: skip
+    engine = run_eval(EvalRunConfig(generator="engine", **common))
+    reference = run_eval(EvalRunConfig(generator="hf", **common))
+    assert seen == {"engine": True, "hf": False}
+    assert engine[0].result.completions == reference[0].result.completions
+    assert engine[0].result.rewards == reference[0].result.rewards
