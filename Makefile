@@ -12,7 +12,7 @@ DEMO_DIR ?= outputs/demo
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh scripts/torch_source.py
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -54,14 +54,14 @@ gemma3: real-model-deps
 TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
-$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
+$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh scripts/torch_source.py
 	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(REAL_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): scripts/setup_vllm.sh scripts/install.sh pyproject.toml
+$(VLLM_STAMP): scripts/setup_vllm.sh scripts/install.sh scripts/torch_source.py pyproject.toml
 	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	touch $(VLLM_STAMP)
 
