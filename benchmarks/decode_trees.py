@@ -106,7 +106,8 @@ def round_times(tree: Path, args: argparse.Namespace, benchmarks: str) -> list[f
     return result["seconds"]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="models/smollm2-135m-instruct")
     parser.add_argument("--trees", nargs="+", default=["src"], help="source trees to compare")
@@ -121,7 +122,11 @@ def main() -> None:
         help="what the server serves in (bfloat16: `auto` on a CPU with it native)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.child:
         print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats, args.dtype)))
         return
