@@ -26,9 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from datasets import Dataset
 from transformers import AutoTokenizer, TrainerCallback
-from trl import GRPOConfig, GRPOTrainer
 
 from asyncrl.envs.base import score
 from asyncrl.envs.registry import load_environment
@@ -112,7 +110,8 @@ def stop_like_asyncrl(trainer: Any, tokenizer: Any, examples: list[Any]) -> None
     trainer.model.generate = lambda *a, **k: generate(*a, tokenizer=tokenizer, **k)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--sft", required=True)
     parser.add_argument("--out", required=True)
@@ -143,7 +142,16 @@ def main() -> None:
     parser.add_argument("--lora-alpha", type=float, default=32.0)
     parser.add_argument("--lora-targets", nargs="*", default=[])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
+    # TRL and its datasets are the race's venv's (`make bench-setup`), not asyncrl's: imported
+    # here, so that the command line can be checked where they are not installed
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     env = load_environment(args.env, json.loads(args.env_args))
