@@ -67,11 +67,11 @@ for _ in $(seq 1 "$busy"); do
     nice -n "$nice_level" sh -c 'while kill -0 "$1" 2>/dev/null; do :; done' spin $$ &
     hogs+=($!)
 done
-# each spinner is `nice` exec'ing `sh` until it runs: on a busy machine a nice 19 one may not
-# have been scheduled yet, so the command waits until all of them are spinning (10 s at most)
+# a spinner is this shell's fork, then `nice`, then `sh`: on a busy machine a nice 19 one may
+# not have been scheduled yet, so the command waits until every one runs `sh` (10 s at most)
 for pid in "${hogs[@]+"${hogs[@]}"}"; do
     for _ in $(seq 1 200); do
-        tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q " spin " && break
+        tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q "^sh -c .* spin " && break
         sleep 0.05
     done
 done
