@@ -20,6 +20,8 @@ logger = get_logger(__name__)
 # GSPO's ratio is a per-sequence geometric mean, far closer to 1 than token ratios: the paper
 # clips it at 1 - 3e-4 and 1 + 4e-4 (the token losses' 0.2 would almost never clip)
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
+# `trainer.loss` keys of terms the trainer adds to whichever loss is chosen (`trainer/loss.py`)
+EVERY_LOSS_READS = frozenset({"entropy_coef"})
 
 
 class LossConfig(StrictModel):
@@ -98,6 +100,14 @@ class LossConfig(StrictModel):
         description="(clip_against: proximal) Cap of a token's importance weight π_prox/π_inf "
         "(truncated importance sampling; TRL's cap for its vLLM correction is 3).",
     )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus, every loss: the step's loss minus this × the policy's "
+        "per-token entropy, weighted as the loss weighs its tokens. It keeps the policy from "
+        "collapsing onto one answer per prompt (docs/training.md, When learning stops); above "
+        "0, samples of tied groups are computed too (their entropy has a gradient).",
+    )
     dr_grpo_length: Literal["max_tokens", "longest"] = Field(
         "max_tokens",
         description="(dr_grpo) L in the constant normaliser 1/(sequences · L): `max_tokens` = "
@@ -133,7 +143,7 @@ class LossConfig(StrictModel):
                 "`beta` (KL to a reference model) applies to every loss but masked_is, which "
                 "uses `kl_tau` (KL to the inference policy)"
             )
-        reads = loss_spec(self.type).keys_read | {"type"}
+        reads = loss_spec(self.type).keys_read | {"type"} | EVERY_LOSS_READS
         for key in sorted(self.model_fields_set - reads):
             default = type(self).model_fields[key].get_default(call_default_factory=True)
             if getattr(self, key) != default:

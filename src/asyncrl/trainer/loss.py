@@ -103,5 +103,13 @@ def loss_named(name: str) -> Loss:
 
 
 def compute_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    """One micro-batch's share of the step's loss under the configured loss."""
-    return loss_named(config.type)(inputs, config)
+    """One micro-batch's share of the step's loss under the configured loss, with the entropy
+    bonus where `entropy_coef` > 0: − coef · Σ_t w_t · H_t, the entropies weighted as the loss
+    weighs its tokens (so it is the step's mean entropy under the loss's normalisation)."""
+    output = loss_named(config.type)(inputs, config)
+    if config.entropy_coef > 0.0:
+        if inputs.entropies is None or not inputs.entropies.requires_grad:
+            raise ValueError("loss.entropy_coef > 0 needs the entropies with their gradient")
+        bonus = (inputs.entropies * inputs.token_weights).sum()
+        output.loss = output.loss - config.entropy_coef * bonus
+    return output

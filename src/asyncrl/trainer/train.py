@@ -269,7 +269,10 @@ def train_step(
                     zero_weight_pass(model, config, device)
                 continue
             with precision_context(config.recipe, device):
-                current = completion_logprobs(model, mb.packed, mb.temperature)
+                current = completion_logprobs(
+                    model, mb.packed, mb.temperature,
+                    entropy_grad=config.loss.entropy_coef > 0.0,
+                )  # fmt: skip
             reference_logprobs = reference_logprobs_for(reference, model, mb, config)
             output = compute_loss(
                 LossInputs(
@@ -280,6 +283,7 @@ def train_step(
                     token_weights=mb.token_weights,
                     ref_logprobs=reference_logprobs,
                     proximal_logprobs=proximal.get(index),
+                    entropies=current.entropy,
                 ),
                 config.loss,
             )
@@ -288,7 +292,9 @@ def train_step(
             output.loss.backward()
             total_loss += output.loss.item()
             if iteration == 0:
-                record_first_pass(stats, mb, current.logprobs.detach(), current.entropy, output)
+                record_first_pass(
+                    stats, mb, current.logprobs.detach(), current.entropy.detach(), output
+                )
         for _ in range(passes - len(micro_batches)):
             zero_weight_pass(model, config, device)
         total_loss = reduce_sums({"loss": total_loss}, ranks)["loss"]
