@@ -32,6 +32,7 @@ class StepStats:
     tokens: int = 0
     step_time: float = 0.0
     lr: float = 0.0
+    entropy_coef: float = 0.0  # the entropy bonus's weight this step (`loss.entropy_target`)
     version: int = 0  # weights version the batch is trained from (step - 1)
     max_staleness: int = 0  # versions between that and the oldest token's policy
     peak_memory: dict[int, float] = field(default_factory=dict)  # rank -> bytes
@@ -55,6 +56,7 @@ class StepStats:
             "skipped_updates": self.skipped_updates,
             "empty_steps": self.empty_steps,
             "lr": self.lr,
+            "entropy_coef": self.entropy_coef,
             "step_time": self.step_time,
             "tokens_per_s": self.tokens / max(self.step_time, 1e-9),
             "max_staleness": self.max_staleness,

@@ -60,10 +60,11 @@ class _TokenLogprobEntropy(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: Any, grad_logprob: torch.Tensor, grad_entropy: torch.Tensor | None
     ) -> tuple[torch.Tensor, None, None, None]:
-        exps, sums, targets, inverse = ctx.saved_tensors[:4]
+        saved = ctx.saved_tensors  # unpacked once: checkpointing allows no second unpack
+        exps, sums, targets, inverse = saved[:4]
         scale = grad_logprob.unsqueeze(-1) * inverse  # [T, 1]: g/T
         if ctx.entropy_grad and grad_entropy is not None:
-            shifted, log_sums, entropy = ctx.saved_tensors[4:]
+            shifted, log_sums, entropy = saved[4:]
             entropy_scale = (grad_entropy * inverse.squeeze(-1)).unsqueeze(-1)  # [T, 1]: h/T
             # −p_v · (g + h·(log p_v + H))/T, with log p_v + H = s_v − log S + H
             offset = (entropy - log_sums).unsqueeze(-1)  # [T, 1]

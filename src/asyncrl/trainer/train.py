@@ -20,7 +20,7 @@ import torch
 from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune
-from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.trainer import LossConfig, TrainerConfig
 from asyncrl.core_lending import lend_for_good, lending, stop_lending
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
@@ -258,6 +258,12 @@ def train_step(
         stats.step_time = time.perf_counter() - started
         stats.reduce(ranks)
         return stats
+    loss_config = config.loss
+    if loss_config.entropy_target is not None:  # the bonus's weight from this batch's entropy
+        stats.entropy_coef = entropy_weight(micro_batches, loss_config, ranks)
+        loss_config = loss_config.model_copy(update={"entropy_coef": stats.entropy_coef})
+    else:
+        stats.entropy_coef = loss_config.entropy_coef
     # each micro-batch's logprobs under the weights the batch started from: the proximal
     # policy of the updates after the first (`clip_against: proximal`)
     proximal: dict[int, torch.Tensor] = {}
@@ -285,7 +291,7 @@ def train_step(
                     proximal_logprobs=proximal.get(index),
                     entropies=current.entropy,
                 ),
-                config.loss,
+                loss_config,
             )
             if iteration == 0 and config.num_iterations > 1:
                 proximal[index] = current.logprobs.detach()
@@ -312,3 +318,22 @@ def train_step(
     stats.step_time = time.perf_counter() - started
     stats.reduce(ranks)
     return stats
+
+
+def entropy_weight(micro_batches: list[MicroBatch], loss: LossConfig, ranks: Ranks) -> float:
+    """The entropy bonus's weight for this batch under `entropy_target`: entropy_coef ×
+    max(0, 1 − H/target), H the batch's sampled entropy, the mean −log p of its loss tokens as
+    the server sampled them (every sample is trained when the bonus is on, so these are the
+    whole batch's). Known before the step and a function of the batch alone, so a resumed run
+    weighs each step as the first run did."""
+    sums = reduce_sums(
+        {
+            "nll": sum(float(-mb.inference_logprobs.sum()) for mb in micro_batches),
+            "tokens": sum(mb.num_loss_tokens for mb in micro_batches),
+        },
+        ranks,
+    )
+    if not sums["tokens"] or loss.entropy_target is None:
+        return loss.entropy_coef
+    entropy = sums["nll"] / sums["tokens"]
+    return loss.entropy_coef * max(0.0, 1.0 - entropy / loss.entropy_target)

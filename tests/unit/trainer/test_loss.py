@@ -360,3 +360,47 @@ def test_entropy_bonus_without_differentiable_entropies_is_refused() -> None:
     )  # fmt: skip
     with pytest.raises(ValueError, match="entropy_coef"):
         compute_loss(inputs, LossConfig(type="grpo_clip", entropy_coef=0.01))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo_clip", "masked_is", "cispo"])
+def test_covariance_clipping_removes_the_gradient_of_the_top_covariance_tokens(
+    loss_type: str,
+) -> None:
+    """Clip-Cov by hand: the ⌊fraction·T⌋ tokens of largest (lp − mean lp)(A − mean A) keep
+    their term's value and get no gradient; every other token's gradient is unchanged."""
+    data = case(seed=6, spread=0.1)
+    fraction = 0.3
+    plain_value, plain_grad, _ = ours(data, LossConfig(type=loss_type))
+    value, grad, _ = ours(data, LossConfig(type=loss_type, cov_clip_fraction=fraction))
+    lp, adv = data["lp"], data["adv"]
+    covariance = [(float(lp[t]) - float(lp.mean())) * (float(adv[t]) - float(adv.mean()))
+                  for t in range(len(lp))]  # fmt: skip
+    count = int(fraction * len(lp))
+    chosen = sorted(range(len(lp)), key=lambda t: -covariance[t])[:count]
+    assert count > 0
+    assert value == pytest.approx(plain_value, abs=1e-12)
+    for t in range(len(lp)):
+        expected = 0.0 if t in chosen else float(plain_grad[t])
+        assert float(grad[t]) == pytest.approx(expected, abs=1e-12)
+    assert any(float(plain_grad[t]) != 0.0 for t in chosen)  # it did remove something
+
+
+def test_entropy_weight_follows_the_batchs_sampled_entropy_below_the_target() -> None:
+    from types import SimpleNamespace
+
+    from asyncrl.trainer.parallel import SINGLE_PROCESS
+    from asyncrl.trainer.train import entropy_weight
+
+    def batch(*logprobs: list[float]) -> list[SimpleNamespace]:
+        return [SimpleNamespace(inference_logprobs=torch.tensor(lp), num_loss_tokens=len(lp))
+                for lp in logprobs]  # fmt: skip
+
+    config = LossConfig(type="grpo_clip", entropy_coef=0.2, entropy_target=0.4)
+    # mean −log p over both micro-batches: (0.1 + 0.3 + 0.2) / 3 = 0.2, half the target
+    weight = entropy_weight(batch([-0.1, -0.3], [-0.2]), config, SINGLE_PROCESS)  # type: ignore[arg-type]
+    assert weight == pytest.approx(0.2 * (1 - 0.2 / 0.4))
+    assert entropy_weight(batch([-0.5, -0.7]), config, SINGLE_PROCESS) == 0.0  # type: ignore[arg-type]
+    fixed = LossConfig(type="grpo_clip", entropy_coef=0.2)
+    assert entropy_weight(batch([-0.5]), fixed, SINGLE_PROCESS) == 0.2  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="entropy_coef"):
+        LossConfig(type="grpo_clip", entropy_target=0.4)
