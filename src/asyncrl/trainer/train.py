@@ -47,7 +47,12 @@ from asyncrl.trainer.parallel import (
 )
 from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.trainer.resume import republish_on_resume, resume
-from asyncrl.trainer.step_stats import StepStats, oldest_token_staleness, record_first_pass
+from asyncrl.trainer.step_stats import (
+    StepStats,
+    oldest_token_staleness,
+    record_first_pass,
+    record_last_update,
+)
 from asyncrl.trainer.weights_out import publish_version
 from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -301,6 +306,9 @@ def train_step(
                 record_first_pass(
                     stats, mb, current.logprobs.detach(), current.entropy.detach(), output
                 )
+            if iteration == config.num_iterations - 1:
+                before = proximal.get(index)
+                record_last_update(stats, output, current.logprobs.detach(), before)
         for _ in range(passes - len(micro_batches)):
             zero_weight_pass(model, config, device)
         total_loss = reduce_sums({"loss": total_loss}, ranks)["loss"]
