@@ -22,9 +22,12 @@ a workload's rows on one thread, and its share of the embedded engine's pass (ro
 `--precisions` serves the embedded engine in several precisions side by side, one server each,
 their rounds alternating: `float32`, `bfloat16`, or either with `+int8` (the linears on int8
 weights, `inference.quantization: int8`). The first is the baseline (`embedded_tok_s`); each
-other gets its rates and its ratio to the first with an interval over the rounds. For each
+other gets its rates and its ratio to the first with an interval over the rounds, in tokens per
+second of the wall clock and per second of the server process's CPU time (a machine busy with
+other work stretches the first, not the second). For each
 precision, the model's linear products as the server lays them out (every layer's and the LM
-head, one thread): their GFLOP/s at a workload's decode rows beside their rate at 512 rows.
+head, one thread, timed in CPU seconds): their GFLOP/s at a workload's decode rows beside their
+rate at 512 rows.
 
     python benchmarks/real_model_generation.py --model models/smollm2-135m-instruct \
         --workloads 4x8x24 --precisions float32 bfloat16 float32+int8 --vllm-python '' \
@@ -43,6 +46,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -133,12 +137,29 @@ def precision(text: str) -> str:
     return text
 
 
+def server_process(url: str) -> psutil.Process:
+    """The `asyncrl infer` child serving `url` (started by `inference_server`)."""
+    port = url.rsplit(":", 1)[1]
+    for child in psutil.Process().children(recursive=True):
+        command = child.cmdline()
+        if "--port" in command and command[command.index("--port") + 1] == port:
+            return child
+    raise LookupError(f"no server process on port {port}")
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def embedded_rates(
     model: Path, workloads: list[tuple[list[list[int]], int, int]], rounds: int,
     precisions: list[str], env: dict[str, str],
-) -> dict[str, list[list[float]]]:  # fmt: skip
+) -> tuple[dict[str, list[list[float]]], dict[str, list[list[float]]]]:  # fmt: skip
     """Tokens/s of the embedded server in each precision (one server each, all started first),
-    `rounds` rounds of each workload, the precisions taking turns within each round."""
+    `rounds` rounds of each workload, the precisions taking turns within each round; and the
+    same tokens per second of the server process's CPU time, which a machine busy with other
+    work does not stretch as it stretches the wall clock."""
     with contextlib.ExitStack() as servers:
         urls = {}
         for served in precisions:
@@ -149,12 +170,18 @@ def embedded_rates(
                 inference_server(model, *args, startup_timeout=STARTUP_TIMEOUT_S, env=env)
             )
             asyncio.run(_server_round(urls[served], workloads[0][0][:2], 2, 4))  # warm-up
+        processes = {served: server_process(url) for served, url in urls.items()}
         rates: dict[str, list[list[float]]] = {p: [[] for _ in workloads] for p in precisions}
+        per_cpu: dict[str, list[list[float]]] = {p: [[] for _ in workloads] for p in precisions}
         for index, (batch, n, tokens) in enumerate(workloads):
             for _ in range(rounds):
                 for served, url in urls.items():
-                    rates[served][index].append(asyncio.run(_server_round(url, batch, n, tokens)))
-        return rates
+                    before = cpu_seconds(processes[served])
+                    rate = asyncio.run(_server_round(url, batch, n, tokens))
+                    used = cpu_seconds(processes[served]) - before
+                    rates[served][index].append(rate)
+                    per_cpu[served][index].append(len(batch) * n * tokens / used)
+        return rates, per_cpu
 
 
 @torch.inference_mode()
@@ -162,7 +189,7 @@ def product_rates(model_dir: Path, precision: str, rows: list[int], repeats: int
     """GFLOP/s of the model's linear products (every layer's and the LM head, each weight once,
     as a decode pass reads them) at each of `rows`, on one thread, with the model laid out as
     the server lays it out in `precision` (input-major float32, int8 copies, the blocked head);
-    the median of `repeats` passes after a warm-up."""
+    the median of `repeats` passes after a warm-up, in this thread's CPU seconds."""
     dtype, quantization = precision_settings(precision)
     config = InferenceConfig(model=str(model_dir), dtype=dtype, quantization=quantization,
                              max_model_len=64, max_num_seqs=1)  # fmt: skip
@@ -176,11 +203,11 @@ def product_rates(model_dir: Path, precision: str, rows: list[int], repeats: int
             inputs = [torch.randn(count, m.in_features, dtype=m.weight.dtype) for m in linears]
             flops = sum(2 * count * m.in_features * m.out_features for m in linears)
             times = []
-            for _ in range(repeats + 1):
-                started = time.perf_counter()
+            for _ in range(repeats + 1):  # this thread's CPU time: others' work not counted
+                started = time.thread_time()
                 for module, hidden in zip(linears, inputs, strict=True):
                     module(hidden)
-                times.append(time.perf_counter() - started)
+                times.append(time.thread_time() - started)
             rates[count] = flops / statistics.median(times[1:]) / 1e9
     finally:
         torch.set_num_threads(threads)
@@ -265,7 +292,9 @@ def main() -> None:
         count, n, tokens = (int(part) for part in workload.split("x"))
         workloads.append((prompts(tokenizer, count), n, tokens))
     one_core = {"ASYNCRL_CPUS": "1", "OMP_NUM_THREADS": "1"}
-    embedded = embedded_rates(args.model, workloads, args.rounds, args.precisions, one_core)
+    embedded, per_cpu = embedded_rates(
+        args.model, workloads, args.rounds, args.precisions, one_core
+    )
     baseline = args.precisions[0]
     engines = {"embedded": embedded[baseline]}
     engines |= {f"embedded_{p}": embedded[p] for p in args.precisions[1:]}
@@ -298,6 +327,12 @@ def main() -> None:
         for served in args.precisions[1:]:  # each precision against the first
             theirs = engines[f"embedded_{served}"][index]
             row[f"embedded_{served}_over_embedded"] = ratio(theirs, ours)
+            row[f"embedded_{served}_over_embedded_per_cpu_s"] = ratio(
+                per_cpu[served][index], per_cpu[baseline][index]
+            )
+        row["embedded_tok_per_cpu_s"] = {
+            p: round(statistics.median(rates[index]), 1) for p, rates in per_cpu.items()
+        }
         for other in ("vllm", "generate_batched"):
             if other in engines:
                 row[f"embedded_over_{other}"] = ratio(ours, engines[other][index])
