@@ -19,7 +19,15 @@ at step 10) and gave z = 2.4, and four more gave 4.8 to 8.7: so each step sample
 of 8), which halves the per-step variance and gives each update a better estimate of the
 gradient: six straight runs gave z = 5.3 to 15.3 (median 11), at 49-53 s against 37-44 s
 (2-core AMD EPYC, family 25 model 17, 2026-11-26). Most runs dip at steps 16-17 alike: the prompts
-come in the same seeded order every run."""
+come in the same seeded order every run. A fresh-clone CI run on 2026-12-07 dipped deep: from
+0.24 at step 16 to 0.009-0.014 at steps 17-19 and back to 0.15 at step 20 (the policy fell onto
+one token for three steps and recovered: one update per batch has no trust region, issue 82),
+with the mean of steps 11-20 then 0.048 above the start against 3 × 0.029. So the resumed run is
+judged without its `DIP` lowest steps: a dip that short says nothing about whether the adapters
+learn through the 4-bit base or whether the resume kept what was learned, which this test is
+for. Trimmed, the gain must pass 5 standard errors, not 3: without learning (steps drawn alike),
+a simulation of 40,000 runs passed 3 × in 7.8 % and 5 × in 1.4 % (the untrimmed 3 × test: 1.7 %),
+and that CI run's trimmed z was 6.3."""
 
 from __future__ import annotations
 
@@ -45,6 +53,7 @@ pytest.importorskip("bitsandbytes")
 LR = 3e-3  # the adapters' learning rate; 5e-3 and 8e-3 fell back after a plateau (docstring)
 FIRST, TOTAL = 10, 20  # steps of the first run (checkpointed every 5), then of the resumed one
 START = 3  # steps of the starting policy, compared with those of the resumed run
+DIP = 3  # the resumed run's lowest steps left out (docstring: a short fall onto one token)
 
 
 def rl_config(model: Path, output: Path) -> Path:
@@ -100,10 +109,10 @@ def test_qlora_learns_resumes_and_serves_its_own_dequantized_base(tmp_path: Path
     assert max(r["trainer/mismatch_kl"] for r in trainer) < 1e-5
 
     rewards = [r["orchestrator/reward_mean"] for r in sorted(orchestrator, key=lambda r: r["step"])]
-    first, last = rewards[:START], rewards[FIRST:]
+    first, last = rewards[:START], sorted(rewards[FIRST:])[DIP:]
     spread = (statistics.variance(first) / START + statistics.variance(last) / len(last)) ** 0.5
     gain = statistics.fmean(last) - statistics.fmean(first)
-    assert gain > 3 * spread, f"gain {gain:.4f} within 3 standard errors ({spread:.4f}): {rewards}"
+    assert gain > 5 * spread, f"gain {gain:.4f} within 5 standard errors ({spread:.4f}): {rewards}"
 
     broadcast = latest_broadcast(run_dir)
     assert broadcast is not None and (broadcast.step, broadcast.kind) == (TOTAL, "lora")
