@@ -57,8 +57,13 @@ COMMAND_LINES: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "real_model_generation": (
         "--model models/smollm2-135m-instruct --workloads 8x8x128 4x8x24 --rounds 4"
-        " --vllm-python ''",
-        {"workloads": ["8x8x128", "4x8x24"], "rounds": 4},
+        " --vllm-python '' --precisions float32 bfloat16 float32+int8 --no-generate",
+        {
+            "workloads": ["8x8x128", "4x8x24"],
+            "rounds": 4,
+            "precisions": ["float32", "bfloat16", "float32+int8"],
+            "generate": False,
+        },
     ),
     "trainer_flops": (
         "--model models/gemma3-270m --modes lora full --steps 5",

@@ -21,6 +21,7 @@ import time
 import torch
 import uvicorn
 
+from asyncrl.config.base import ConfigError
 from asyncrl.config.inference import InferenceConfig
 from asyncrl.inference.access import log_access, server_api_key
 from asyncrl.inference.served_model import ServedModel
@@ -50,6 +51,11 @@ class ColocatedInference:
         """Start serving `model` (weights version `version`: 0, or the step resumed from)."""
         # off loopback without a key: refused before any model loads
         log_access(config, server_api_key(config))
+        if config.quantization != "none":
+            raise ConfigError(
+                f"inference.quantization {config.quantization}: a colocated engine shares the "
+                "trainer's weights; serve int8 rollouts with `deployment: disaggregated`"
+            )
         self.vllm = config.backend == "vllm"
         self.served = (
             vllm_served_model(config) if self.vllm else load_served_model(config, input_major=False)

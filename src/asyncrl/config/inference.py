@@ -51,6 +51,18 @@ class InferenceConfig(StrictModel):
         None, description="Name clients use in `model` (null = the `model` value)."
     )
     dtype: Dtype = Field("auto", description="Weights and activations dtype.")
+    quantization: Literal["none", "int8"] = Field(
+        "none",
+        description="(embedded, CPU) `int8`: the engine's linear layers, LM head included, "
+        "multiply int8 copies of their weights (one scale per output channel) by each row of "
+        "activations quantized to int8 with a scale of its own, summed exactly in int32 "
+        "(torch's `_int_mm`); norms, embeddings, attention, the KV cache and sampling stay in "
+        "`dtype`. Rollouts then come from the int8 model with its logprobs, while the trainer "
+        "keeps its own precision: its importance-sampling correction handles the difference "
+        "(`trainer/mismatch_kl`). Loaded weights and LoRA merges are quantized again from their "
+        "float values. `none`: the weights as loaded. Not with `deployment: colocated`; vLLM "
+        "and SGLang take their own `--quantization` in `extra_args`.",
+    )
     max_num_seqs: int = Field(
         256, ge=1, description="Sequences generated together (KV cache slots)."
     )
@@ -169,6 +181,11 @@ class InferenceConfig(StrictModel):
             raise ValueError(
                 f"`tp`/`dp` ({self.tp}/{self.dp}) need `backend: vllm` or `sglang`: the embedded "
                 "engine runs on one device"
+            )
+        if self.backend != "embedded" and self.quantization != "none":
+            raise ValueError(
+                f"`quantization: {self.quantization}` is the embedded engine's; with `backend: "
+                f"{self.backend}` pass the engine's own `--quantization` in `extra_args`"
             )
         if self.backend != "embedded" and self.weight_broadcast_type != "filesystem":
             raise ValueError(

@@ -164,6 +164,16 @@ class RLConfig(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _colocated_serves_the_trainer_s_weights(self) -> RLConfig:
+        if self.deployment == "colocated" and self.inference.quantization != "none":
+            raise ValueError(
+                f"`inference.quantization: {self.inference.quantization}` needs an engine of its "
+                "own: a colocated engine shares the trainer's weights (use `deployment: "
+                "disaggregated`)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _colocated_runs_locally(self) -> RLConfig:
         if self.deployment == "colocated" and self.launcher != "local":
             raise ValueError(

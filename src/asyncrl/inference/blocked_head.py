@@ -22,6 +22,8 @@ import types
 
 import torch
 
+from asyncrl.inference.int8_linears import is_int8
+
 COLUMNS_PER_BLOCK = 1024
 
 
@@ -43,6 +45,8 @@ def use_blocked_head(model: torch.nn.Module, columns: int = COLUMNS_PER_BLOCK) -
     head = model.get_output_embeddings()
     device = next(model.parameters()).device
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or device.type != "cpu":
+        return False
+    if is_int8(head):  # it computes from its int8 copy (`int8_linears.py`)
         return False
     whole = head.forward
 

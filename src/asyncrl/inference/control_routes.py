@@ -127,4 +127,6 @@ def _info(info: WeightInfo) -> dict[str, Any]:
         "fingerprint": info.fingerprint,
         "weight_dir": info.weight_dir,
         "lora_name": info.lora_name,
+        "dtype": info.dtype,
+        "quantization": info.quantization,
     }

@@ -28,6 +28,7 @@ from asyncrl.inference.cascade_attention import (
 from asyncrl.inference.decode_plan import decode_passes
 from asyncrl.inference.engine_stats import EngineStats
 from asyncrl.inference.engine_thread import EngineThread
+from asyncrl.inference.int8_linears import requantize
 from asyncrl.inference.kv_cache import SlotKVCache
 from asyncrl.inference.prefill_plan import prefill_groups, share_prompts, shared_head
 from asyncrl.inference.prefix_cache import PrefixCache
@@ -160,7 +161,9 @@ class Engine(EngineThread):
         """Weights by parameter name; a tensor that already is the parameter's storage (a
         colocated trainer's, shared) is not copied. `take`: the tensors are the engine's to
         keep (staged for it), so one of the parameter's dtype and device becomes its storage
-        instead of being copied. Call on the engine thread."""
+        instead of being copied. Int8 layers are quantized again from the new float weights
+        (`int8_linears.py`); a shared tensor too, which its owner may have changed in place.
+        Call on the engine thread."""
         parameters = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, tensor in tensors.items():
@@ -175,6 +178,7 @@ class Engine(EngineThread):
                     parameter.data = tensor
                 else:
                     parameter.copy_(tensor)
+        requantize(self.model, [parameters[name] for name in tensors])
 
     def named_weights(self) -> Iterable[tuple[str, torch.Tensor]]:
         return self.model.named_parameters()

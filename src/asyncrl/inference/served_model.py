@@ -17,6 +17,7 @@ import torch
 import xxhash
 
 from asyncrl.inference.input_major import like_parameter
+from asyncrl.inference.int8_linears import is_int8
 from asyncrl.inference.serving_engine import ServingEngine
 from asyncrl.inference.weights import (
     LoraAdapter,
@@ -39,6 +40,8 @@ class WeightInfo:
     fingerprint: str
     weight_dir: str | None
     lora_name: str | None
+    dtype: str  # the float weights' and activations' ("float32", "bfloat16", ...)
+    quantization: str  # "int8": the linears multiply int8 copies (`int8_linears.py`); "none"
 
 
 class ServedModel:
@@ -62,6 +65,9 @@ class ServedModel:
         self._base_weights: dict[str, torch.Tensor] = {}
         self._fingerprint = self._compute_fingerprint()
         self._base_fingerprint = self._fingerprint  # of the weights without a merged adapter
+        # what it serves in, reported with every weight info: the same for the server's life
+        self.dtype = str(next(engine.model.parameters()).dtype).removeprefix("torch.")
+        self.quantization = "int8" if any(map(is_int8, engine.model.modules())) else "none"
         # event loops awaiting a change of version (a long-polled /weight_info)
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
 
@@ -73,6 +79,8 @@ class ServedModel:
                 self._fingerprint,
                 self._weight_dir,
                 self._adapter.name if self._adapter else None,
+                self.dtype,
+                self.quantization,
             )
 
     async def version_change(self, known: int, timeout: float) -> None:

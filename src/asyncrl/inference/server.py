@@ -29,6 +29,7 @@ from asyncrl.inference.control_routes import control_router, open_router
 from asyncrl.inference.dtype import serving_dtype
 from asyncrl.inference.engine import Engine
 from asyncrl.inference.input_major import lay_out_input_major
+from asyncrl.inference.int8_linears import QUANTIZE_HEAD, use_int8_linears
 from asyncrl.inference.kv_cache import default_budget, slot_bytes
 from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
@@ -46,7 +47,9 @@ logger = get_logger(__name__)
 def load_served_model(config: InferenceConfig, input_major: bool = True) -> ServedModel:
     """The server's model and engine. `input_major`: its CPU float32 linears kept input-major
     (`input_major.py`); a colocated engine keeps the loaded layout, since it takes a trainer's
-    tensors in every step (shared, or copied in and fingerprinted on its thread)."""
+    tensors in every step (shared, or copied in and fingerprinted on its thread). With
+    `quantization: int8` the linears compute from int8 copies (`int8_linears.py`) and their
+    float weights, which no pass reads, keep the loaded layout."""
     tokenizer = AutoTokenizer.from_pretrained(
         config.model, trust_remote_code=config.trust_remote_code
     )
@@ -59,7 +62,9 @@ def load_served_model(config: InferenceConfig, input_major: bool = True) -> Serv
         attn_implementation="sdpa",
         **overrides,
     ).to(default_device())
-    if input_major:
+    if config.quantization == "int8":
+        quantize_linears(model, dtype)
+    elif input_major:
         lay_out_input_major(model)
     max_model_len = config.max_model_len or int(model.config.max_position_embeddings)
     engine = Engine(
@@ -77,6 +82,24 @@ def load_served_model(config: InferenceConfig, input_major: bool = True) -> Serv
         enable_lora=config.enable_lora,
         max_lora_rank=config.max_lora_rank,
     )
+
+
+def quantize_linears(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """`quantization: int8`: the model's linear layers in int8, the LM head too where that
+    measured faster (`int8_linears.QUANTIZE_HEAD`); CPU engines only."""
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise ConfigError(
+            f"inference.quantization int8 is built for a CPU engine, not {device}; on a GPU "
+            "serve with `backend: vllm` and its own `--quantization` in `extra_args`"
+        )
+    count = use_int8_linears(model, head=QUANTIZE_HEAD)
+    logger.info(
+        "inference: %d linear layers (the LM head %s) multiply int8 weights, one scale per "
+        "output channel, by int8 activations, one scale per row (torch._int_mm); the rest of "
+        "the model in %s", count, "among them" if QUANTIZE_HEAD else "not",
+        str(dtype).removeprefix("torch."),
+    )  # fmt: skip
 
 
 def slots_that_fit(
@@ -171,12 +194,14 @@ def serve(config: InferenceConfig) -> None:
         receiver.start()
     app = build_app(config, served, receiver)
     logger.info(
-        "serving %s on http://%s:%d (max_num_seqs %d, max_model_len %d)",
+        "serving %s on http://%s:%d (max_num_seqs %d, max_model_len %d, %s, quantization %s)",
         served.name,
         config.host,
         config.port,
         config.max_num_seqs,
         served.engine.max_model_len,
+        served.dtype,
+        served.quantization,
     )
     server = ClosingServer(
         uvicorn.Config(

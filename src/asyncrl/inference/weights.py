@@ -26,6 +26,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from asyncrl.inference.int8_linears import requantize
 from asyncrl.inference.weight_roots import WeightLoadError, resolve_under_roots
 
 
@@ -198,3 +199,6 @@ def apply_lora(
                 torch.addmm(base, lora_b, lora_a, alpha=adapter.scale, out=parameter)
             else:  # merged in float32, rounded to the weight's dtype once
                 parameter.copy_(torch.addmm(base.float(), lora_b, lora_a, alpha=adapter.scale))
+    # an int8 layer is quantized from the merged float weight (or the base, unloaded), never
+    # from its previous int8 copy
+    requantize(model, [parameters[name] for name in base_weights])
