@@ -17,7 +17,6 @@ first problem of each kind is logged, later ones only counted.
 from __future__ import annotations
 
 import asyncio
-import os
 from collections import Counter
 from dataclasses import asdict, replace
 from typing import Any
@@ -32,6 +31,7 @@ from asyncrl.envs.registry import load_environment
 from asyncrl.envs.reward_pool import MAX_ABS_REWARD, EnvironmentFailed, RewardResult, within_bounds
 from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.log import get_logger
+from asyncrl.run_secret import server_key
 
 logger = get_logger(__name__)
 
@@ -264,5 +264,5 @@ def _number(value: Any) -> float:
 def environment_of(spec: EnvConfig) -> Environment:
     """The environment a config entry names: served at `address`, or loaded here."""
     if spec.address is not None:
-        return remote_environment(spec.address, os.environ.get(spec.api_key_var) or None)
+        return remote_environment(spec.address, server_key(spec.api_key_var))
     return load_environment(spec.id, spec.args)
