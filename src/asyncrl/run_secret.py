@@ -3,9 +3,10 @@
 Torch's stores and ZMQ sockets have no user accounts, so a channel that anyone on the network
 can reach is guarded by a secret that every role of the run holds and nobody else does. The
 launchers (`asyncrl rl`, local or Ray) make a fresh one per run when `$ASYNCRL_RUN_SECRET` is
-unset and hand it to every role in its environment; roles started by hand need the same value
-in each. Every channel derives its own key from it (`derive`), so one channel's key says
-nothing about another's, and the secret itself never crosses the network.
+unset and hand it to every role (in memory or over a socket, never in its environment: below);
+roles started by hand need the same value in each. Every channel derives its own key from it
+(`derive`), so one channel's key says nothing about another's, and the secret itself never
+crosses the network.
 
 The HTTP servers of a run (inference, judge, env-server) take a bearer key: the value of
 their `api_key_var` where the user set one, else one derived from the run's secret for that

@@ -30,7 +30,7 @@ from asyncrl.inference.access import server_api_key
 from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.role_fork import forking_roles, preload
-from asyncrl.launch.roles import prepare_resume, role_yaml, run_keys
+from asyncrl.launch.roles import hold_run_keys, prepare_resume, role_yaml, run_keys
 from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
@@ -42,7 +42,7 @@ from asyncrl.launch.supervisor import (
 from asyncrl.log import get_logger
 from asyncrl.processes import stop, wait_healthy
 from asyncrl.run.layout import config_file, heartbeat_file, lend_flag_file, log_file
-from asyncrl.run_secret import RUN_SECRET_ENV, adopt, new_run_secret, run_secret, withhold
+from asyncrl.run_secret import RUN_SECRET_ENV, adopt, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -165,9 +165,7 @@ def role_specs(
 
 
 def run_rl(config: RLConfig) -> None:
-    # the keys the config names leave this process's environment: no role inherits one there
-    withhold(config.inference.api_key_var, *config.orchestrator.secret_variables(),
-             config.judge.api_key_var if config.judge is not None else None)  # fmt: skip
+    hold_run_keys(config)  # no role inherits a key in its environment
     adopt({RUN_SECRET_ENV: run_secret() or new_run_secret()})  # one per run, for every role
     # every server is keyed (by the secret, if by nothing else); checked before any role starts
     server_api_key(config.inference)
