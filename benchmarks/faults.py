@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import secrets
 import signal
 import statistics
 import subprocess
@@ -43,9 +44,12 @@ from asyncrl.launch.inference_process import free_port
 from asyncrl.models.init_model import init_model
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
+from asyncrl.run_secret import RUN_SECRET_ENV, server_key
 from machine import cpu_name  # benchmarks/machine.py, beside this file
 
 STEPS = 8
+# the run's secret, chosen here: its inference server takes the key the roles derive from it
+RUN_SECRET = secrets.token_urlsafe(32)
 ASYNC_LEVEL = 1
 OFF_POLICY = 2
 HANG_TIMEOUT = 5.0
@@ -116,8 +120,12 @@ def role_steps(run_dir: Path, role: str) -> list[tuple[int, float]]:
 
 def server_version(config: Path) -> int | None:
     port = yaml.safe_load(config.read_text())["inference"]["port"]
+    key = server_key("VLLM_API_KEY", {RUN_SECRET_ENV: RUN_SECRET})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/weight_info", headers={"Authorization": f"Bearer {key}"}
+    )
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/weight_info", timeout=1) as answer:
+        with urllib.request.urlopen(request, timeout=1) as answer:
             return int(json.load(answer)["version"])
     except OSError:
         return None
@@ -149,6 +157,7 @@ def run_trial(trial: Trial, model: Path, output: Path, weights: str) -> Trial:
     launcher = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "rl", str(config)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, RUN_SECRET_ENV: RUN_SECRET},
     )  # fmt: skip
     deadline = time.monotonic() + RUN_TIMEOUT
     hit_time, batches_before, version_before = None, 0, None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,26 @@ def smollm2_dir() -> Path:
 
     output = default_cache_dir() / "models" / "smollm2-135m-instruct"
     return get_model(GetModelConfig(output_dir=str(output)))
+
+
+@pytest.fixture(autouse=True)
+def _keys_and_passthrough_of_this_process_restored() -> Iterator[None]:
+    """What a test makes this process hold (`run_secret.hold`, `withhold`) or pass to user code
+    (`user_code.pass_through`) goes with the test, as a role's would with its process."""
+    import os
+
+    from asyncrl import run_secret, user_code
+
+    held, withheld, passed = (dict(run_secret._held), set(run_secret._withheld),
+                              set(user_code._passed))  # fmt: skip
+    exported = dict(os.environ)
+    yield
+    for name in run_secret._withheld:  # a key the test moved out of the environment goes back
+        if name in exported and name not in os.environ:
+            os.environ[name] = exported[name]
+    run_secret._held.clear()
+    run_secret._held.update(held)
+    run_secret._withheld.clear()
+    run_secret._withheld.update(withheld)
+    user_code._passed.clear()
+    user_code._passed.update(passed)

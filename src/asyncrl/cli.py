@@ -27,6 +27,9 @@ from asyncrl.config.rl import RLConfig
 from asyncrl.config.score import ScoreConfig
 from asyncrl.config.sft import SFTConfig
 from asyncrl.config.trainer import TrainerConfig
+from asyncrl.process_privacy import make_unreadable
+from asyncrl.run_secret import withhold
+from asyncrl.secret_handover import receive_keys
 
 
 def _init_model(config: Any) -> None:
@@ -181,6 +184,7 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    receive_keys()  # a role started by a launcher: its keys, over a socket (secret_handover.py)
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
@@ -234,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asyncrl {name}: {error}", file=sys.stderr)
         return 2
     start_heartbeat()
+    # no process of its user may read this one's keys (process_privacy.py), nor any program it
+    # starts inherit them: those the user exported move out of the environment into memory
+    make_unreadable()
+    withhold()
     try:
         command.run(config)
     except ConfigError as error:

@@ -5,15 +5,17 @@ and a crash leaves the old content or the new one there. What a crash leaves sta
 
 A command's output directory (`asyncrl export`, `asyncrl get-model`) is the user's path, not
 the run's: `output_directory` writes it only where nothing is lost by replacing it (missing,
-empty, or an earlier output of the same command that holds nothing else), never at or above
-what the command reads, and through a symbolic link rather than over it."""
+empty, or an earlier output of the same command that holds nothing but what its marker lists),
+never at or above what the command reads, and through a symbolic link rather than over it. What
+it stages beside it has a name no one else's has (`.<name>.asyncrl-output.<32 hex>.tmp`), and
+only such names are removed as leftovers; what was added to the directory while it was being
+written is kept with the previous directory, never removed."""
 
 from __future__ import annotations
 
 import ctypes
 import errno
 import fcntl
-import fnmatch
 import json
 import os
 import re
@@ -21,14 +23,20 @@ import shutil
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
+
 STAGING = "staging"  # `.<name>.staging.<random>.tmp`: atomic_directory's default label
-OUTPUT_STAGING = "output"  # a command's output is staged as `.<name>.output.<random>.tmp`
+# a command's output is staged as `.<name>.asyncrl-output.<32 hex>.tmp`: no one else's name
+OUTPUT_STAGING = "asyncrl-output"
 OUTPUT_FILES = "output_files"  # the marker's list of the names the command wrote
+KEPT = "previous"  # `<name>.previous-<random>`: a replaced output that held more than it listed
 
 
 class OutputRefused(ValueError):
@@ -63,7 +71,9 @@ def followed(path: str | Path) -> Path:
 
 
 @contextmanager
-def atomic_directory(path: str | Path, label: str = STAGING) -> Iterator[Path]:
+def atomic_directory(
+    path: str | Path, label: str = STAGING, retire: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield a temporary sibling directory to fill; on success it replaces `path` whole.
 
     A directory cannot be renamed over a non-empty one: the two are exchanged in one system
@@ -72,7 +82,9 @@ def atomic_directory(path: str | Path, label: str = STAGING) -> Iterator[Path]:
     for that instant `path` is missing (never half-written). A symbolic link at `path` is
     followed (the directory it points to is replaced, the link kept), and the new directory
     has the mode any new directory gets (0777 less the umask), not mkdtemp's 0700. Staged as
-    `.<name>.<label>.<random>.tmp`, the old one removed as `.<name>.<label>-old.<random>.tmp`."""
+    `.<name>.<label>.<random>.tmp`, the old one removed as `.<name>.<label>-old.<random>.tmp`
+    (`retire`, given the old directory, decides what becomes of it instead: `output_directory`
+    keeps what it did not write)."""
     path = followed(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = _new_sibling(path, label)
@@ -83,7 +95,7 @@ def atomic_directory(path: str | Path, label: str = STAGING) -> Iterator[Path]:
             old = temporary
         else:
             if path.exists():
-                old = path.parent / f".{path.name}.{label}-old.{uuid.uuid4().hex[:8]}.tmp"
+                old = path.parent / f".{path.name}.{label}-old.{uuid.uuid4().hex}.tmp"
                 os.replace(path, old)
             os.replace(temporary, path)
     except BaseException:
@@ -91,14 +103,17 @@ def atomic_directory(path: str | Path, label: str = STAGING) -> Iterator[Path]:
         raise
     fsync_directory(path.parent)
     if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        if retire is None:
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            retire(old)
 
 
 def _new_sibling(path: Path, label: str) -> Path:
-    """A new empty directory `.<name>.<label>.<random>.tmp` beside `path`, made by `mkdir`
-    (the umask decides its mode)."""
+    """A new empty directory `.<name>.<label>.<32 random hex>.tmp` beside `path`, made by
+    `mkdir` (the umask decides its mode)."""
     while True:
-        candidate = path.parent / f".{path.name}.{label}.{uuid.uuid4().hex[:8]}.tmp"
+        candidate = path.parent / f".{path.name}.{label}.{uuid.uuid4().hex}.tmp"
         try:
             candidate.mkdir()
         except FileExistsError:
@@ -121,10 +136,45 @@ def output_directory(
     refuse_unsafe_output(path, command=command, marker=marker, sources=sources)
     with output_lock(target):  # the lock file is made beside an output that may be written
         refuse_unsafe_output(path, command=command, marker=marker, sources=sources)
-        with atomic_directory(target, OUTPUT_STAGING) as staging:
+
+        def retire(old: Path) -> None:
+            retire_output(old, target, marker)
+
+        with atomic_directory(target, OUTPUT_STAGING, retire) as staging:
             yield staging
             if not (staging / marker).is_file():
                 raise RuntimeError(f"asyncrl {command} wrote no {marker} into {staging}")
+
+
+def retire_output(old: Path, target: Path, marker: str) -> None:
+    """Remove the output `old` that a new one replaced at `target`, if it holds only what its
+    `marker` lists. Anything else in it (added while the new one was written: the check before
+    could not see it) is the user's: the whole directory is kept, visibly, beside `target` as
+    `<name>.previous-<random>`, and a warning says where."""
+    listed = _listed(old / marker)
+    unlisted = [child.name for child in old.iterdir() if child.name not in listed]
+    if not unlisted:
+        shutil.rmtree(old, ignore_errors=True)
+        return
+    kept = target.parent / f"{target.name}.{KEPT}-{uuid.uuid4().hex[:8]}"
+    os.replace(old, kept)
+    logger.warning(
+        "%s held %s, which the output it replaced did not list (added while it was written?): "
+        "that directory is kept whole at %s", target, _some(sorted(unlisted)), kept,
+    )  # fmt: skip
+
+
+def _listed(marker: Path) -> set[str]:
+    """The names a marker lists as written (none for an unreadable marker, or one that lists
+    nothing: then nothing may be removed as the command's)."""
+    try:
+        recorded = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return set()
+    names = recorded.get(OUTPUT_FILES) if isinstance(recorded, dict) else None
+    if not isinstance(names, list):
+        return set()
+    return {name for name in names if isinstance(name, str)}
 
 
 def write_output_marker(staging: Path, marker: str, description: dict[str, Any]) -> None:
@@ -140,7 +190,8 @@ def refuse_unsafe_output(
 ) -> None:
     """Raise `OutputRefused` unless replacing `path` whole loses nothing: it must not be (or
     hold) any of `sources`, and must be missing, an empty directory, or an earlier output of
-    `command` (its `marker` present) holding only what that output wrote."""
+    `command` holding only what its `marker` lists (a marker of a version that listed nothing
+    cannot tell the command's files from the user's: refused)."""
     target = followed(path)
     real = Path(os.path.realpath(target))
     for source in sources:
@@ -173,10 +224,14 @@ def refuse_unsafe_output(
             "there. Choose a new or empty directory, or remove this one yourself"
         )
     written = recorded.get(OUTPUT_FILES)
-    if written is None:  # an earlier version's output: its marker lists no files, so only
-        extra = [name for name in entries  # what it wrote, its marker included
-                 if name != marker and not _earlier_output_file(name)]  # fmt: skip
-    elif isinstance(written, list) and all(isinstance(name, str) for name in written):
+    if written is None:  # an earlier version's output: its marker lists no files
+        raise OutputRefused(
+            f"output_dir {path} was written by an earlier asyncrl {command}, whose {marker} "
+            "does not list the files it wrote: what it wrote cannot be told from what was "
+            f"added since ({_some(entries)}), and nothing is removed that no marker lists. "
+            "Remove the directory yourself, or choose another output_dir"
+        )
+    if isinstance(written, list) and all(isinstance(name, str) for name in written):
         extra = [name for name in entries if name not in set(written)]
     else:
         raise OutputRefused(
@@ -189,21 +244,6 @@ def refuse_unsafe_output(
             f"{_some(extra)}, which it did not write: writing it again would remove that. Move "
             "it out, or choose another output_dir"
         )
-
-
-# what `export` and `get-model` wrote before their markers listed their files: a model directory
-# (weights, config, tokenizer, chat template, generation config) or a LoRA adapter, the marker,
-# and get-model's notices beside a model under its own terms
-EARLIER_OUTPUT_FILES = (
-    "*.safetensors", "*.safetensors.index.json", "config.json", "generation_config.json",
-    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
-    "added_tokens.json", "vocab.json", "merges.txt", "chat_template.jinja", "chat_template.json",
-    "adapter_config.json", "asyncrl_export.json", "asyncrl-model.json",
-)  # fmt: skip
-
-
-def _earlier_output_file(name: str) -> bool:
-    return any(fnmatch.fnmatchcase(name, pattern) for pattern in EARLIER_OUTPUT_FILES)
 
 
 def _some(names: list[str], shown: int = 5) -> str:
@@ -246,13 +286,11 @@ def output_lock(path: str | Path) -> Iterator[None]:
 
 def remove_output_leftovers(path: Path) -> None:
     """Delete the staging directories beside the output `path` that a killed `output_directory`
-    left: `.<name>.output.<random>.tmp` and `-old`, and the `.<name>.<random>.tmp` and
-    `.<name>.old.<random>.tmp` of versions before it. Only under `output_lock`."""
+    left: `.<name>.asyncrl-output.<32 hex>.tmp` and its `-old`, names no user picks, and no
+    other (what earlier versions staged under shorter names is left: it might be a user's).
+    Only under `output_lock`."""
     name = re.escape(path.name)
-    leftover = re.compile(
-        rf"^\.{name}\.(?:(?:{OUTPUT_STAGING}|{OUTPUT_STAGING}-old)\.[0-9a-f]{{8}}"
-        rf"|old\.[0-9a-f]{{8}}|[a-z0-9_]{{8}})\.tmp$"
-    )
+    leftover = re.compile(rf"^\.{name}\.{OUTPUT_STAGING}(?:-old)?\.[0-9a-f]{{32}}\.tmp$")
     for child in path.parent.iterdir():
         if leftover.match(child.name) and child.is_dir() and not child.is_symlink():
             shutil.rmtree(child, ignore_errors=True)

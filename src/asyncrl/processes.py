@@ -16,12 +16,13 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
+from asyncrl.secret_handover import Handover
 
 logger = get_logger(__name__)
 
@@ -44,28 +45,35 @@ def start(
     env: dict[str, str] | None = None,
     cwd: str | None = None,
     inherit: bool = True,
+    keys: Mapping[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start `command` in its own process group, dying with us; its output goes to `log_path`,
     or to our own stdout and stderr when that is None. Its environment is ours plus `env`, or
-    `env` alone when not `inherit`."""
+    `env` alone when not `inherit`; `keys` reach it over a private socket, never in its
+    environment (`secret_handover.py`: an asyncrl process reads them as it starts)."""
     log = None
     if log_path is not None:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(log_path, "ab")  # noqa: SIM115 - the child holds it, we close our copy
+    handover = Handover(keys) if keys else None
+    environment = {**os.environ, **(env or {})} if inherit else dict(env or {})
     try:
         return subprocess.Popen(
             list(command),
             stdout=log,
             stderr=subprocess.STDOUT if log else None,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})} if inherit else dict(env or {}),
+            env={**environment, **(handover.environment if handover else {})},
             cwd=cwd,
             start_new_session=True,
             preexec_fn=die_with_parent,  # only sets a signal: safe before exec
+            pass_fds=(handover.descriptor,) if handover else (),
         )
     finally:
         if log is not None:
             log.close()
+        if handover is not None:
+            handover.close()
 
 
 def stop(process: ChildProcess, grace: float = 15.0) -> None:

@@ -20,7 +20,11 @@ import httpx
 import pytest
 import yaml
 from tests.contract.conftest import required_vllm_python, tiny_model
-from tests.integration.launch.test_rl_launcher import assert_every_untied_batch_trained
+from tests.integration.launch.test_rl_launcher import (
+    assert_every_untied_batch_trained,
+    server_headers,
+    with_run_secret,
+)
 
 from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
@@ -51,7 +55,7 @@ def test_colocated_vllm_serves_the_trainers_weights_every_step(lora: bool, tmp_p
     path.write_text(yaml.safe_dump(config))
     process = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "rl", str(path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=with_run_secret(),
     )  # fmt: skip
     versions: list[int] = []
     fingerprints: dict[int, str] = {}
@@ -62,6 +66,7 @@ def test_colocated_vllm_serves_the_trainers_weights_every_step(lora: bool, tmp_p
             info = httpx.get(
                 f"http://127.0.0.1:{port}/weight_info",
                 params={"changed_from": versions[-1] if versions else -1, "wait": 5},
+                headers=server_headers(),  # the run's servers take its key
                 timeout=10,
             ).json()
             if not versions or info["version"] != versions[-1]:

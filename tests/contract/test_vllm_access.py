@@ -1,6 +1,8 @@
-"""Issue 60 (5) on a real vLLM: with a key, every route but /health, /version and /metrics needs
-it (vLLM's own key guards `/v1` only; asyncrl's guard, handed to vLLM as `--middleware`, covers
-the development routes too), and the worker extension reloads only from under `weight_roots`:
+"""Issue 60 (5) and 86 (1, 2) on a real vLLM: keyed as a run's server is (by the key the run's
+secret gives `VLLM_API_KEY`, which nobody set), every route but /health, /version and /metrics
+needs it (vLLM's own key guards `/v1` only; asyncrl's guard, handed to vLLM as `--middleware`,
+covers the development routes too), the key is in no vLLM process's environment (it reaches
+the guard over a socket), and the worker extension reloads only from under `weight_roots`:
 a path elsewhere is refused and the served weights stay as they were. The unit tests
 (`tests/unit/inference/test_server_access.py`) check every piece without vLLM; this checks that
 vLLM takes them as meant."""
@@ -14,10 +16,26 @@ import httpx
 import pytest
 from tests.contract.conftest import running, tiny_model
 
+from asyncrl.run_secret import server_key
+
 pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
 
-KEY = "contract-access-key"
+SECRET = "contract-access-run-secret-0123456789"
+KEY = server_key("VLLM_API_KEY", {"ASYNCRL_RUN_SECRET": SECRET})
 WITH_KEY = {"Authorization": f"Bearer {KEY}"}
+
+
+def environments_holding(text: str) -> list[str]:
+    """The command lines of the processes whose environment holds `text` (readable here: the
+    tests run as the processes' user, or root)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and text.encode() in (entry / "environ").read_bytes():
+                found.append((entry / "cmdline").read_bytes().decode(errors="replace"))
+        except OSError:
+            continue
+    return found
 
 
 def first_logprobs(url: str, model: str) -> list[float]:
@@ -38,8 +56,9 @@ def test_a_keyed_vllm_guards_every_route_and_reloads_only_from_its_roots(
     base = tiny_model(root / "weights" / "base")
     outside = tiny_model(root / "elsewhere", seed=5)  # the same shape, other weights
     log = contract_root / "vllm-access.log"
-    with running("vllm", base, root / "weights", log, env={"VLLM_API_KEY": KEY}) as engine:
+    with running("vllm", base, root / "weights", log, env={"ASYNCRL_RUN_SECRET": SECRET}) as engine:
         url = engine.url
+        assert environments_holding(KEY) == []  # vLLM used to get it in $VLLM_API_KEY
         unauthenticated: list[tuple[str, str, Any]] = [
             ("GET", "/v1/models", None),
             ("POST", "/collective_rpc", {"method": "asyncrl_extension"}),

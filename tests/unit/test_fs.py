@@ -141,10 +141,14 @@ def test_an_output_at_or_above_what_the_command_reads_is_refused(tmp_path: Path)
 
 
 def test_what_a_killed_output_write_left_is_removed_at_the_next_start(tmp_path: Path) -> None:
+    """Only names no user picks go. The cleaning used to take `.<name>.<any 8 of a-z0-9_>.tmp`
+    too (what versions before staged under), and with it a user's `.m.backup_1.tmp` (issue 86)."""
     target = tmp_path / "m"
-    earlier_versions = [".m.x1_y2z3q.tmp", ".m.old.89abcdef.tmp"]  # mkdtemp's, the aside one
-    leftovers = [".m.output.0123abcd.tmp", ".m.output-old.0123abcd.tmp", *earlier_versions]
-    kept = [".m.staging.0123abcd.tmp", ".mm.output.0123abcd.tmp", "m.output.0123abcd.tmp"]
+    random = "0123456789abcdef" * 2
+    leftovers = [f".m.asyncrl-output.{random}.tmp", f".m.asyncrl-output-old.{random}.tmp"]
+    users = [".m.backup_1.tmp", ".m.x1_y2z3q.tmp", ".m.old.89abcdef.tmp", ".m.output.0123abcd.tmp"]
+    kept = [*users, f".m.staging.{random}.tmp", f".mm.asyncrl-output.{random}.tmp",
+            f"m.asyncrl-output.{random}.tmp", ".m.asyncrl-output.0123abcd.tmp"]  # fmt: skip
     for name in leftovers + kept:
         (tmp_path / name).mkdir()
         (tmp_path / name / "half").write_text("x")
@@ -152,22 +156,44 @@ def test_what_a_killed_output_write_left_is_removed_at_the_next_start(tmp_path: 
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".m.lock", "m", *kept])
 
 
-def test_an_earlier_versions_output_is_replaced_only_if_it_holds_what_such_an_output_holds(
+def test_an_earlier_versions_output_whose_marker_lists_nothing_is_never_replaced(
     tmp_path: Path,
 ) -> None:
     """Before markers listed their files, a marker said only that the command wrote the
-    directory: what it could have written may be replaced, anything else is the user's."""
+    directory. A `config.json` the user put there later looked like one such an output holds,
+    and was deleted with it (issue 86): nothing is removed that no marker lists."""
     target = tmp_path / "m"
     target.mkdir()
     (target / "TOOL").write_text(json.dumps({"source": "x"}))  # no `output_files`
     (target / "model.safetensors").write_text("old")
-    (target / "config.json").write_text("{}")
-    (target / "notes.txt").write_text("mine")
-    with pytest.raises(fs.OutputRefused, match=r"also holds notes\.txt, which it did not write"):
+    (target / "config.json").write_text('{"the user": "wrote this later"}')
+    with pytest.raises(fs.OutputRefused, match=r"does not list the files it wrote"):
         output(target)
-    (target / "notes.txt").unlink()
-    output(target, made=3)  # only what such an output holds: replaced
-    assert sorted(p.name for p in target.iterdir()) == ["TOOL", "weights"]
+    assert (target / "config.json").read_text() == '{"the user": "wrote this later"}'
     (target / "TOOL").write_text(json.dumps({fs.OUTPUT_FILES: "weights"}))  # not a list
     with pytest.raises(fs.OutputRefused, match="as something other than file names"):
         output(target)
+
+
+@pytest.mark.parametrize("earlier", [True, False])
+def test_what_is_added_to_an_output_while_it_is_written_is_kept(
+    tmp_path: Path, earlier: bool
+) -> None:
+    """The check runs before the (long) export; the folder it replaces used to be removed
+    whole afterwards, with whatever the user had put in it meanwhile (issue 86)."""
+    target = tmp_path / "m"
+    if earlier:
+        output(target, made=1)  # its own earlier output, which it may replace
+    with fs.output_directory(target, command="tool", marker="TOOL") as staging:
+        (staging / "weights").write_text("new")
+        fs.write_output_marker(staging, "TOOL", {"made": 2})
+        target.mkdir(exist_ok=True)
+        (target / "notes.txt").write_text("written during the export")
+    assert (target / "weights").read_text() == "new"
+    (kept,) = [p for p in tmp_path.iterdir() if p.name.startswith("m.previous-")]
+    assert (kept / "notes.txt").read_text() == "written during the export"
+    assert sorted(p.name for p in kept.iterdir()) == (
+        ["TOOL", "notes.txt", "weights"] if earlier else ["notes.txt"]
+    )
+    output(target, made=3)  # an output with nothing added: replaced, nothing kept
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("m.previous-")] == [kept.name]

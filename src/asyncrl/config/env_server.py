@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.env import EnvConfig, rubric_only
+from asyncrl.config.passthrough import checked_passthrough, passthrough_field
 
 
 class EnvServerConfig(StrictModel):
@@ -32,6 +33,7 @@ class EnvServerConfig(StrictModel):
     cpu_limit: float | None = Field(
         None, gt=0, description="CPU seconds per task in a worker (null = unlimited)."
     )
+    env_passthrough: list[str] = passthrough_field("the workers")
     max_request_bytes: int = Field(
         4 * 2**20, ge=1024, description="Largest request body accepted (413 beyond)."
     )
@@ -56,6 +58,11 @@ class EnvServerConfig(StrictModel):
         description="Seconds an /examples request may take (504 beyond). Examples are made off "
         "the event loop, one request at a time.",
     )
+
+    @model_validator(mode="after")
+    def _passthrough_holds_no_key(self) -> EnvServerConfig:
+        checked_passthrough(self.env_passthrough, [self.api_key_var])
+        return self
 
     @field_validator("env")
     @classmethod

@@ -7,13 +7,12 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import re
 import subprocess
 import sys
 from collections.abc import Callable
 
 from asyncrl.config.base import ConfigError
-from asyncrl.run_secret import user_code_environment
+from asyncrl.user_code import start_user_code, user_code_environment
 
 
 def load_object(import_path: str) -> object:
@@ -70,8 +69,6 @@ def function_at(import_path: str, key: str = "reward") -> Callable[..., object]:
 
 _user_code_runs_here = False
 CHECK_TIMEOUT_S = 120.0  # importing a user's module (torch, say) may take a while; not for ever
-# environment variables a user's module is not shown while it is checked: the run's secrets
-_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|CREDENTIAL|API_KEY|(^|_)KEY$", re.IGNORECASE)
 _CHECK = """
 import importlib, sys
 path = sys.argv[1]
@@ -119,14 +116,11 @@ def run_elsewhere(script: str, import_path: str, key: str) -> str:
     reward worker is started (same interpreter, working directory and PYTHONPATH; the run's
     secrets left out), so that the user's module is imported there and never here; its last
     line of output, or a ConfigError naming `key` with what it said when it exits non-zero."""
-    environment = {  # what a reward worker is given, less anything named like a secret too
-        name: value for name, value in user_code_environment().items()
-        if not _SECRET_NAME.search(name)
-    }  # fmt: skip
-    try:
+    try:  # started as a reward worker is (`user_code.py`)
         checked = subprocess.run(
-            [sys.executable, "-c", script, import_path], env=environment, capture_output=True,
-            text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            [sys.executable, "-c", script, import_path], env=user_code_environment(),
+            capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
+            preexec_fn=start_user_code,
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         raise ConfigError(

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from asyncrl.config.base import StepLimit, StrictModel, planned, wired
 from asyncrl.config.env import EnvConfig
+from asyncrl.config.passthrough import checked_passthrough, passthrough_field
 from asyncrl.config.seed_names import apply_seed_names
 from asyncrl.config.transport import RolloutTransportConfig
 from asyncrl.run.layout import run_dir
+from asyncrl.run_secret import server_key
 
 
 class ModelConfig(StrictModel):
@@ -76,8 +77,9 @@ class ClientConfig(StrictModel):
     )
 
     def api_key(self) -> str | None:
-        """The secret itself, read from the environment when needed, never stored in config."""
-        return os.environ.get(self.api_key_var) or None
+        """The servers' key, never stored in config: `$<api_key_var>` where set, else the one
+        the run's secret gives that variable (`run_secret.server_key`), else None."""
+        return server_key(self.api_key_var)
 
 
 class BufferConfig(StrictModel):
@@ -306,6 +308,10 @@ class OrchestratorConfig(StrictModel):
     reward_cpu_limit: float | None = Field(
         60.0, gt=0, description="CPU seconds one rollout's reward may use (null = no limit)."
     )
+    reward_env_passthrough: list[str] = passthrough_field(
+        "reward workers (rubric functions, turns, tools and what they start), scorer plugins and "
+        "reward models, and the start-up check of a function named by import path"
+    )
     eval: EvalConfig | None = Field(
         None, description="Online evaluation on held-out examples (null = none)."
     )
@@ -332,6 +338,11 @@ class OrchestratorConfig(StrictModel):
     @classmethod
     def _seed_names(cls, data: Any) -> Any:
         return apply_seed_names("orchestrator", data)
+
+    @model_validator(mode="after")
+    def _passthrough_holds_no_key(self) -> OrchestratorConfig:
+        checked_passthrough(self.reward_env_passthrough, self.secret_variables())
+        return self
 
     @model_validator(mode="after")
     def _runnable(self) -> OrchestratorConfig:

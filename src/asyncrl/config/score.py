@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.env import EnvConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
+from asyncrl.config.passthrough import checked_passthrough, passthrough_field
 
 _RUN = OrchestratorConfig.model_fields  # a run's reward limits are this command's defaults
 
@@ -49,3 +50,11 @@ class ScoreConfig(StrictModel):
         description="CPU seconds one completion's reward may use, as in a run "
         "(`orchestrator.reward_cpu_limit`; null = no limit).",
     )
+    env_passthrough: list[str] = passthrough_field(
+        "the reward worker (as a run's `orchestrator.reward_env_passthrough`)"
+    )
+
+    @model_validator(mode="after")
+    def _passthrough_holds_no_key(self) -> ScoreConfig:
+        checked_passthrough(self.env_passthrough, [])
+        return self

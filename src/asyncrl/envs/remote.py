@@ -10,15 +10,19 @@ on. No more requests are in flight at once than the server says it admits (`capa
 it will not take) costs the rollout the same way, counted as `remote_rejected`; an answer that
 is not what the protocol says (not JSON, missing or mistyped fields) as `remote_malformed`. A
 remote reward is held to the bounds of a local one: not finite, or beyond ±`MAX_ABS_REWARD`
-(itself, a term or a step reward), and the rollout scores 0, counted as `out_of_range`. The
+(itself, a term or a step reward), and the rollout scores 0, counted as `out_of_range`. An
+answer is read only up to a size (`ANSWER_LIMIT` for a reward or a turn, as a local worker's
+answer line; `EXAMPLES_LIMIT` for the examples, `INFO_LIMIT` for /info): beyond it the read
+stops, the rollout scores 0 (`remote_too_large`) or start-up fails, naming the server. The
 first problem of each kind is logged, later ones only counted.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
+import json
 from collections import Counter
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -32,11 +36,41 @@ from asyncrl.envs.registry import load_environment
 from asyncrl.envs.reward_pool import MAX_ABS_REWARD, EnvironmentFailed, RewardResult, within_bounds
 from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.log import get_logger
+from asyncrl.run_secret import server_key
 
 logger = get_logger(__name__)
 
 BACKOFF = (0.5, 1.0, 2.0)  # seconds before each retry
 DEFAULT_CAPACITY = 16  # requests in flight to a server that does not say what it admits
+# bytes of an answer read at most: a reward or a turn (a local worker's answer line holds as
+# much), the examples (100,000 of them, a few KB each), what the server says it serves
+ANSWER_LIMIT = 2**22
+EXAMPLES_LIMIT = 2**29
+INFO_LIMIT = 2**20
+
+
+class AnswerTooLarge(Exception):
+    """A server's answer ran past the size its route may have."""
+
+
+def read_capped(chunks: Iterable[bytes], limit: int, where: str) -> bytes:
+    """The body from `chunks`, or `AnswerTooLarge` naming `where` once it passes `limit` bytes
+    (the rest is never read)."""
+    body = bytearray()
+    for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge(f"{where} answered more than {limit} bytes; the rest was not read")
+    return bytes(body)
+
+
+async def aread_capped(chunks: AsyncIterator[bytes], limit: int, where: str) -> bytes:
+    body = bytearray()
+    async for chunk in chunks:
+        body += chunk
+        if len(body) > limit:
+            raise AnswerTooLarge(f"{where} answered more than {limit} bytes; the rest was not read")
+    return bytes(body)
 
 
 def served_elsewhere(messages: Any, example: Example) -> float:
@@ -57,12 +91,17 @@ class RemoteEnvironment:
         ]
 
     def examples(self, split: Split, count: int) -> list[Example]:
-        response = httpx.post(
-            f"{self.address}/examples", json={"split": split, "count": count},
+        where = f"env-server {self.address}/examples"
+        with httpx.stream(
+            "POST", f"{self.address}/examples", json={"split": split, "count": count},
             headers=self.headers, timeout=120,
-        )  # fmt: skip
-        response.raise_for_status()
-        return [self._example(index, fields) for index, fields in enumerate(response.json())]
+        ) as response:  # fmt: skip
+            response.raise_for_status()
+            try:
+                body = read_capped(response.iter_bytes(), EXAMPLES_LIMIT, where)
+            except AnswerTooLarge as error:
+                raise ConfigError(str(error)) from None
+        return [self._example(index, fields) for index, fields in enumerate(json.loads(body))]
 
     def _example(self, index: int, fields: Any) -> Example:
         """An example of the server's answer, named by the server and its place there when it
@@ -92,13 +131,18 @@ class RemoteMultiTurnEnvironment(RemoteEnvironment):
 def remote_environment(address: str, api_key: str | None) -> RemoteEnvironment:
     """Ask the server what it serves; a server that cannot be reached is a config error."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    where = f"env-server {address.rstrip('/')}/info"
     try:
-        response = httpx.get(f"{address.rstrip('/')}/info", headers=headers, timeout=30)
-        response.raise_for_status()
+        with httpx.stream("GET", f"{address.rstrip('/')}/info", headers=headers,
+                          timeout=30) as response:  # fmt: skip
+            response.raise_for_status()
+            body = read_capped(response.iter_bytes(), INFO_LIMIT, where)
     except httpx.HTTPError as error:
         message = f"env address {address}: no environment server answers ({error})"
         raise ConfigError(message) from None
-    info = response.json()
+    except AnswerTooLarge as error:
+        raise ConfigError(str(error)) from None
+    info = json.loads(body)
     kind = RemoteMultiTurnEnvironment if info.get("multi_turn") else RemoteEnvironment
     return kind(address, headers, info)
 
@@ -145,13 +189,20 @@ class RemotePool:
 
     async def _answer(self, route: str, body: dict[str, Any]) -> dict[str, Any]:
         assert self.http is not None and self._in_flight is not None
+        where = f"env-server {self.env.address}{route}"
         for attempt, pause in enumerate([*BACKOFF, None]):
             try:
-                async with self._in_flight:
-                    response = await self.http.post(f"{self.env.address}{route}", json=body)
-                if response.status_code < 500:
-                    return _json_object(response)
-                problem = f"status {response.status_code}"
+                async with (
+                    self._in_flight,
+                    self.http.stream("POST", f"{self.env.address}{route}", json=body) as response,
+                ):
+                    status = response.status_code
+                    content = await aread_capped(response.aiter_bytes(), ANSWER_LIMIT, where)
+                if status < 500:
+                    return _json_object(status, content)
+                problem = f"status {status}"
+            except AnswerTooLarge as error:
+                raise _Lost("remote_too_large", str(error).removeprefix(f"{where} ")) from None
             except httpx.TransportError as error:
                 problem = str(error) or type(error).__name__
             if pause is None:
@@ -222,16 +273,16 @@ class RemotePool:
         return reply
 
 
-def _json_object(response: httpx.Response) -> dict[str, Any]:
+def _json_object(status: int, content: bytes) -> dict[str, Any]:
     """A 2xx answer's JSON object; `_Lost` for a refusal (4xx) or anything but an object."""
-    if response.status_code >= 400:
+    if status >= 400:
         try:
-            said = response.json()["error"]["message"]
+            said = json.loads(content)["error"]["message"]
         except (ValueError, KeyError, TypeError):
-            said = response.text
-        raise _Lost("remote_rejected", f"refused with status {response.status_code}: {said:.300}")
+            said = content.decode(errors="replace")
+        raise _Lost("remote_rejected", f"refused with status {status}: {said:.300}")
     try:
-        answer = response.json()
+        answer = json.loads(content)
     except ValueError as error:
         raise _Lost("remote_malformed", f"answered something that is not JSON ({error})") from None
     if not isinstance(answer, dict):
@@ -264,5 +315,5 @@ def _number(value: Any) -> float:
 def environment_of(spec: EnvConfig) -> Environment:
     """The environment a config entry names: served at `address`, or loaded here."""
     if spec.address is not None:
-        return remote_environment(spec.address, os.environ.get(spec.api_key_var) or None)
+        return remote_environment(spec.address, server_key(spec.api_key_var))
     return load_environment(spec.id, spec.args)

@@ -10,7 +10,8 @@ the turn's tool calls together get `TOOL_BUDGET` of its timeout, so slow tools e
 tool calls, not the worker. A worker dies with the process that runs the pool (SIGKILL from the
 kernel, PR_SET_PDEATHSIG), so a killed orchestrator leaves no worker running. A worker runs
 reward code that may run model-written code: it starts without the run's secret and keys
-(`run_secret.user_code_environment`).
+(`user_code.py`: an allowlist of variables, and no capability that reads another
+process).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from typing import Any, Protocol
 from asyncrl.envs.base import Example, Messages, RewardFunction, rubric_reward
 from asyncrl.envs.multi_turn import Reply
 from asyncrl.envs.tools import ToolCallRecord
-from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_session
-from asyncrl.run_secret import user_code_environment
+from asyncrl.user_code import start_user_code, user_code_environment
 
 logger = get_logger(__name__)
 
@@ -116,7 +116,7 @@ class RewardPool:
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "asyncrl.envs.reward_worker", self.spec,
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True, limit=ANSWER_LIMIT, preexec_fn=_die_with_the_pool,
+            start_new_session=True, limit=ANSWER_LIMIT, preexec_fn=start_user_code,
             env=user_code_environment(),
         )  # fmt: skip
         worker = _Worker(process)
@@ -248,12 +248,6 @@ class RewardPool:
         for worker in self._workers:
             await self._kill(worker)
         self._workers.clear()
-
-
-def _die_with_the_pool() -> None:
-    """In the worker, before exec: SIGKILL when the pool's process dies (it cannot clean up
-    then); SIGKILL, not SIGTERM, so a worker stuck in reward code or stopped goes too."""
-    die_with_parent(signal.SIGKILL)
 
 
 def within_bounds(reward: float) -> bool:

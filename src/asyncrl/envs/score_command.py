@@ -24,6 +24,8 @@ from asyncrl.envs.base import Example
 from asyncrl.envs.jsonl_file import read_jsonl
 from asyncrl.envs.registry import EnvironmentLoadError, load_environment
 from asyncrl.envs.reward_pool import RewardPool, RewardResult
+from asyncrl.run_secret import withhold
+from asyncrl.user_code import pass_through
 
 SHOWN = 240  # characters of a prompt or completion shown
 
@@ -73,6 +75,8 @@ async def score_all(config: ScoreConfig) -> list[Scored]:
         raise EnvironmentLoadError(
             "`asyncrl score` loads the environment here; for an env-server, run it there"
         )
+    withhold()  # the worker runs the user's reward: no key of ours in what it inherits
+    pass_through(*config.env_passthrough)
     env = load_environment(env_config.id, env_config.args)
     try:
         examples = env.examples(config.split, config.num_examples)

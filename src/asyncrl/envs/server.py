@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict
@@ -40,7 +39,8 @@ from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.registry import load_environment
 from asyncrl.envs.reward_pool import EnvironmentFailed, RewardPool
 from asyncrl.log import get_logger
-from asyncrl.run_secret import is_loopback, withhold
+from asyncrl.run_secret import RUN_SECRET_ENV, is_loopback, server_key, withhold
+from asyncrl.user_code import pass_through
 from asyncrl.web.api_key import ApiKeyGuard
 from asyncrl.web.body_limit import BodySizeLimit
 
@@ -79,26 +79,28 @@ def example_of(fields: dict[str, Any]) -> Example:
 
 
 def api_key_of(config: EnvServerConfig) -> str | None:
-    """The key the server requires; without one, only a loopback host is allowed."""
-    api_key = os.environ.get(config.api_key_var) or None
+    """The key the server requires (`$<api_key_var>`, else the run's secret's key for that
+    variable: `run_secret.server_key`); without one, only a loopback host is allowed."""
+    api_key = server_key(config.api_key_var)
     if api_key is None and not is_loopback(config.host):
         raise ConfigError(
             f"env-server: `host` {config.host} serves other machines but ${config.api_key_var} "
-            "is unset: anyone who reaches the port could run its environment's code. Set a "
-            "key there (the orchestrator sends the one in its `env[].api_key_var`), or serve "
-            "on 127.0.0.1"
+            f"is unset (and no ${RUN_SECRET_ENV} to derive one from): anyone who reaches the "
+            "port could run its environment's code. Set a key there (the orchestrator sends "
+            "the one in its `env[].api_key_var`), or serve on 127.0.0.1"
         )
     if api_key is None:
         logger.warning(
-            "env-server: no API key ($%s unset): every process on this machine may use it",
-            config.api_key_var,
-        )
+            "env-server: no API key ($%s and $%s unset): every process on this machine may use "
+            "it", config.api_key_var, RUN_SECRET_ENV,
+        )  # fmt: skip
     return api_key
 
 
 def build_app(config: EnvServerConfig) -> FastAPI:
     api_key = api_key_of(config)
     withhold(config.api_key_var)  # the workers run the environment's code: not its key
+    pass_through(*config.env_passthrough)
     env = load_environment(config.env.id, config.env.args)
     pool = RewardPool(
         config.env.id, config.env.args, env.rubric, num_workers=config.workers,

@@ -6,10 +6,13 @@ the embedded engine starts vLLM or SGLang with the same meaning. The engine runs
 ours, and dies with us: stopped on SIGTERM or Ctrl-C, and killed by the kernel if we are
 (PR_SET_PDEATHSIG).
 
-The API key never appears on the engine's command line, where `ps` shows it to every user of
-the machine: vLLM reads it from its environment (`VLLM_API_KEY`); SGLang, which takes it only
-as a flag, reads it from a config file (`--config`, SGLang 0.5.3 or later) written for it
-alone (mode 0600 in a private directory) and removed once the server answers.
+The API key (`access.py`: the user's, else the run's secret's) never appears on the engine's
+command line, where `ps` shows it to every user of the machine, nor in its environment, which
+`/proc/<pid>/environ` shows to every process of its user: vLLM's process gets it over a socket
+(`secret_handover.py`), read by asyncrl's guard, which then marks that process not dumpable;
+SGLang, which takes it only as a flag, reads it from a config file (`--config`, SGLang 0.5.3
+or later) written for it alone (mode 0600 in a private directory) and removed once the server
+answers.
 
 vLLM runs in development mode (`VLLM_SERVER_DEV_MODE=1`): the routes asyncrl drives it with
 (/collective_rpc, /pause, /reset_prefix_cache) exist only there, beside others nobody outside
@@ -63,13 +66,15 @@ from asyncrl.inference.dtype import external_engine_dtype
 from asyncrl.inference.weight_roots import resolved_roots
 from asyncrl.log import get_logger
 from asyncrl.processes import start, stop, wait_healthy
-from asyncrl.run_secret import RUN_SECRET_ENV
+from asyncrl.run_secret import RUN_SECRET_ENV, server_key
+from asyncrl.secret_handover import SECRETS_FD_ENV
 from asyncrl.transport.vllm_worker_extension import EXTENSION, WEIGHT_ROOTS_ENV
 from asyncrl.web.api_key import ENGINE_KEY_ENV
 
 ENGINE_GUARD = "asyncrl.web.api_key.EngineKeyGuard"  # vLLM's `--middleware`, with a key
-# flags that would bind elsewhere than `host` or put a key on the command line: refused
-REFUSED_FLAGS = ("--host", "--api-key")
+# flags that would bind elsewhere than `host` (a Unix socket too) or put a key on the command
+# line: refused, and so is every abbreviation of one (the engines' parsers take a flag's prefix)
+REFUSED_FLAGS = {"--host": "host", "--uds": "host", "--api-key": "api_key_var"}
 
 logger = get_logger(__name__)
 
@@ -148,7 +153,7 @@ def vllm_command(config: InferenceConfig, gpus_possible: bool | None = None) -> 
         command += ["--kv-cache-memory-bytes", str(config.kv_cache_memory_bytes)]
     if vllm_worker_in_engine_core(config, gpus_possible):
         command += ["--distributed-executor-backend", "uni"]
-    if os.environ.get(config.api_key_var):  # every route, not only /v1, needs the key
+    if server_key(config.api_key_var):  # every route, not only /v1, needs the key
         command += ["--middleware", ENGINE_GUARD]
     return command + config.extra_args
 
@@ -156,8 +161,8 @@ def vllm_command(config: InferenceConfig, gpus_possible: bool | None = None) -> 
 def vllm_environment(config: InferenceConfig, gpus_possible: bool | None = None) -> dict[str, str]:
     """The RL routes (/pause, /collective_rpc, /reset_prefix_cache) exist only in dev mode
     (guarded by the key with everything else: see the module's docstring); runtime LoRA
-    loading needs its own switch; the worker extension reads the weight roots. The key travels
-    in the environment, never on the command line where `ps` shows it. vLLM's CPU platform
+    loading needs its own switch; the worker extension reads the weight roots. The key is not
+    here: it reaches the guard over a socket (`serve_external`). vLLM's CPU platform
     keeps the `uni` executor only where V1 multiprocessing is off: the API server still starts
     its engine core as a process of its own (its async client always does), and that process
     runs the worker. Eager on a machine with no GPU, torch.compile is off."""
@@ -171,31 +176,34 @@ def vllm_environment(config: InferenceConfig, gpus_possible: bool | None = None)
         env["TORCHDYNAMO_DISABLE"] = "1"
     if config.enable_lora:
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-    if key := os.environ.get(config.api_key_var):
-        env[ENGINE_KEY_ENV] = key
     return env
 
 
 def engine_environment(overlay: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The engine process's whole environment: ours (`environ`) without the run's secret, and
-    without an inherited `$VLLM_API_KEY` that is not the configured key, plus `overlay`."""
-    dropped = {RUN_SECRET_ENV, ENGINE_KEY_ENV}
+    """The engine process's whole environment: ours (`environ`) without the run's secret and
+    without an inherited `$VLLM_API_KEY` (the key travels over a socket), plus `overlay`."""
+    dropped = {RUN_SECRET_ENV, ENGINE_KEY_ENV, SECRETS_FD_ENV}
     return {**{k: v for k, v in environ.items() if k not in dropped}, **overlay}
 
 
 def refuse_flags_that_open(config: InferenceConfig) -> None:
     """`extra_args` may not bind the engine elsewhere than `host` (past the loopback check) nor
-    put a key on the command line (where `ps` shows it): `host` and `api_key_var` say those."""
+    put a key on the command line (where `ps` shows it): `host` and `api_key_var` say those.
+    vLLM's and SGLang's parsers (argparse) take any unambiguous prefix of a flag (`--hos` is
+    `--host`), so a prefix of a refused flag is refused too."""
     for arg in config.extra_args:
         flag = arg.split("=", 1)[0]
-        if flag.startswith("--"):  # vLLM's parser reads `--api_key` as `--api-key`
-            flag = "--" + flag[2:].replace("_", "-")
-        if flag in REFUSED_FLAGS:
-            key = "host" if flag == "--host" else "api_key_var"
-            raise ConfigError(
-                f"inference.extra_args: {flag} is refused; set `inference.{key}` instead (the "
-                "address is checked before the engine starts, the key travels in its environment)"
-            )
+        if not flag.startswith("--") or flag == "--":
+            continue
+        flag = "--" + flag[2:].replace("_", "-")  # vLLM's parser reads `--api_key` as `--api-key`
+        for refused, key in REFUSED_FLAGS.items():
+            if refused.startswith(flag):
+                shown = refused if flag == refused else f"{flag} (short for {refused})"
+                raise ConfigError(
+                    f"inference.extra_args: {shown} is refused; set `inference.{key}` instead "
+                    "(the address is checked before the engine starts; the key reaches the "
+                    "engine over a private channel, never its command line)"
+                )
 
 
 def sglang_command(config: InferenceConfig, key_file: Path | None = None) -> list[str]:
@@ -274,7 +282,8 @@ def serve_external(config: InferenceConfig) -> None:
     # stops: given one of their own, they go when the server does
     env["VLLM_RPC_BASE_PATH"] = str(sockets)
     logger.info("starting %s: %s", config.backend, " ".join(command))
-    process = start(command, None, engine_environment(env, os.environ), inherit=False)
+    handed = {ENGINE_KEY_ENV: key} if key and config.backend == "vllm" else None
+    process = start(command, None, engine_environment(env, os.environ), inherit=False, keys=handed)
 
     def _stop(signum: int, _frame: FrameType | None) -> None:
         raise SystemExit(128 + signum)

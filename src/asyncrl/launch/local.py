@@ -9,7 +9,9 @@ trainer's server. The run ends when trainer and orchestrator have finished. A ro
 hangs is restarted from its last checkpoint (`restart`, see `supervisor.py`) while the others
 go on; past its restart budget, or on Ctrl-C, every role is stopped and the failing role's log
 tail is shown. Every role gets the run's secret (`$ASYNCRL_RUN_SECRET`, made afresh when unset),
-which guards the channels the roles open between them (`run_secret.py`).
+which guards the channels the roles open between them and gives the servers their key
+(`run_secret.py`), with any key the user exported: in memory (a forked role) or over a socket (an
+exec'd one, `secret_handover.py`), never in a role's environment.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from asyncrl.inference.access import server_api_key
 from asyncrl.launch.gpu_placement import Placement, place_gpus, role_environment, visible_gpus
 from asyncrl.launch.judge_role import judge_spec, judge_url
 from asyncrl.launch.role_fork import forking_roles, preload
-from asyncrl.launch.roles import prepare_resume, role_yaml
+from asyncrl.launch.roles import hold_run_keys, prepare_resume, role_yaml, run_keys
 from asyncrl.launch.serving_precision import serve_in_training_precision
 from asyncrl.launch.supervisor import (
     RESUME_ARGUMENTS,
@@ -40,7 +42,7 @@ from asyncrl.launch.supervisor import (
 from asyncrl.log import get_logger
 from asyncrl.processes import stop, wait_healthy
 from asyncrl.run.layout import config_file, heartbeat_file, lend_flag_file, log_file
-from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
+from asyncrl.run_secret import RUN_SECRET_ENV, adopt, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -138,31 +140,34 @@ def role_specs(
     gpus: Placement | None = None,
 ) -> dict[str, RoleSpec]:
     """How each role starts, and restarts from its own last checkpoint, its log and heartbeat in
-    the output directory `output`; every role holds the run's `secret` and sees the GPUs `gpus`
-    gives it (none on a CPU-only machine)."""
+    the output directory `output`; every role holds the run's `secret` (and the keys the user
+    set: `run_keys`) and sees the GPUs `gpus` gives it (none on a CPU-only machine)."""
     flag = lend_flag_of(config, output)
     if flag is not None:  # one a trainer that died while waiting left behind lends nothing now
         flag.parent.mkdir(parents=True, exist_ok=True)
         flag.unlink(missing_ok=True)
     threads = thread_budget(config.deployment == "colocated", flag)
-    shared = {RUN_SECRET_ENV: secret or run_secret() or new_run_secret()}
+    keys = run_keys(config, secret)
     gpus = gpus or gpu_placement(config)
     specs = {}
     for role, path in paths.items():
         first = [role_python(role, config), "-m", "asyncrl.cli", role, str(path)]
-        env = {**threads[role], **role_environment(gpus, role), **shared}
+        env = {**threads[role], **role_environment(gpus, role)}
         specs[role] = RoleSpec(
             role, first, [*first, *RESUME_ARGUMENTS[role]], log_file(output, role),
             heartbeat_file(output, role), env,
             finishes=role != "infer",
             cannot_restart=why_not_restartable(role, config),
             fork=forking_roles(config.role_start),
+            keys=keys,
         )  # fmt: skip
     return specs
 
 
 def run_rl(config: RLConfig) -> None:
-    # a server other machines reach needs its key: refused here, before any role starts
+    hold_run_keys(config)  # no role inherits a key in its environment
+    adopt({RUN_SECRET_ENV: run_secret() or new_run_secret()})  # one per run, for every role
+    # every server is keyed (by the secret, if by nothing else); checked before any role starts
     server_api_key(config.inference)
     if config.judge is not None:
         server_api_key(config.judge.inference_config())
@@ -179,6 +184,7 @@ def run_rl(config: RLConfig) -> None:
     judge = judge_spec(config, output, role_environment(gpus, "judge"))
     if judge is not None:
         judge.fork = forking_roles(config.role_start)
+        judge.keys = specs["orch"].keys  # the same secret: it derives the same key
     colocated = config.deployment == "colocated"
     # the process that serves inference: a server of its own, or the trainer (colocated)
     server_role = "train" if colocated else "infer"

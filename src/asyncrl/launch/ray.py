@@ -32,7 +32,7 @@ from asyncrl.launch.ray_auth import AUTH_MODE, JoinedAuth, authenticate_local_in
 from asyncrl.launch.ray_placement import reserve
 from asyncrl.launch.ray_run import CALL_TIMEOUT, RayRun, unit_of
 from asyncrl.launch.ray_wiring import start_roles
-from asyncrl.launch.roles import RoleFailed, prepare_resume
+from asyncrl.launch.roles import RoleFailed, hold_run_keys, prepare_resume
 from asyncrl.launch.supervisor import RESUME_ARGUMENTS, how_it_ended, supervise_until_finished
 from asyncrl.log import get_logger
 
@@ -41,6 +41,7 @@ logger = get_logger(__name__)
 
 def run_rl_on_ray(config: RLConfig) -> None:
     ray = _import_ray()
+    hold_run_keys(config)  # a local Ray instance, and every actor, inherits this environment
     config = prepare_resume(config)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # same path as Ctrl-C
     auth = connect(ray, config)

@@ -20,12 +20,11 @@ from asyncrl.config.rl import RLConfig
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.launch.placement import Slot
 from asyncrl.launch.ray_auth import JoinedAuth, explain_unborn_actor
-from asyncrl.launch.roles import RoleFailed
+from asyncrl.launch.roles import RoleFailed, run_keys
 from asyncrl.launch.supervisor import RestartBudget
 from asyncrl.log import get_logger
 from asyncrl.processes import tail
 from asyncrl.run.layout import config_file, log_file, logs_dir, roles_record
-from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
 
 logger = get_logger(__name__)
 
@@ -78,13 +77,10 @@ class RayRun:
         self.pending: dict[str, float] = {}  # unit -> when it restarts
         # on a cluster the servers listen on the network: they always require a key
         self.on_cluster = config.ray.address is not None
-        # guards the zmq transport and the torch stores between the roles (run_secret.py)
-        self.run_secret = run_secret() or new_run_secret()
-        self.api_key = os.environ.get(config.inference.api_key_var) or None
-        if self.on_cluster and self.api_key is None:
-            self.api_key = secrets.token_urlsafe(32)
-            logger.info("rl: the inference servers require a fresh API key (set %s to choose it)",
-                        config.inference.api_key_var)  # fmt: skip
+        # the run's secret, which guards the zmq transport and the torch stores between the roles
+        # and gives the servers their key (run_secret.py), and any key the user set: each actor
+        # hands them to its role over a socket (`secret_handover.py`), never in its environment
+        self.keys = run_keys(config)
 
     def of(self, role: str) -> list[Member]:
         return [m for m in self.members if m.role == role]
@@ -119,9 +115,8 @@ class RayRun:
 
     def start(self, member: Member, role: str, config_yaml: str, env: dict[str, str]) -> None:
         config_path = str(config_file(self.output, member.label))
-        env = {**env, RUN_SECRET_ENV: self.run_secret}
         member.place["role_pid"] = self.ray.get(
-            member.actor.start.remote(role, config_yaml, config_path, env, os.getcwd()),
+            member.actor.start.remote(role, config_yaml, config_path, env, os.getcwd(), self.keys),
             timeout=CALL_TIMEOUT,
         )
 

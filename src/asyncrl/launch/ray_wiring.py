@@ -32,8 +32,7 @@ def start_roles(run: RayRun) -> None:
     sections = inference_sections(run.config, endpoints)
     for member, section in zip(servers, sections, strict=True):
         member.url = f"http://{url_host(section.host)}:{section.port}"
-        env = {section.api_key_var: run.api_key} if run.api_key else {}
-        run.start(member, "infer", role_yaml(section), env)
+        run.start(member, "infer", role_yaml(section), {})
     run.write_roles()
     wait_servers_healthy(run)
     logger.info("rl: %d inference server(s) ready: %s", len(servers),
@@ -45,9 +44,7 @@ def start_roles(run: RayRun) -> None:
         env = rank_environment(member.rank, world_size, endpoints) if world_size > 1 else {}
         run.start(member, "train", role_yaml(trainer), env)
     orchestrator = orchestrator_section(run.config, endpoints)
-    key_var = orchestrator.client.api_key_var
-    run.start(run.of("orch")[0], "orch", role_yaml(orchestrator),
-               {key_var: run.api_key} if run.api_key else {})  # fmt: skip
+    run.start(run.of("orch")[0], "orch", role_yaml(orchestrator), {})
     run.write_roles()
 
 

@@ -22,7 +22,9 @@ from typing import Any
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.heartbeat import HEARTBEAT_ENV, silent_for
 from asyncrl.ports import free_ports
+from asyncrl.process_privacy import make_unreadable
 from asyncrl.processes import answers_health, kill_group, start, stop
+from asyncrl.run_secret import server_key
 
 LOG_CHUNK = 1 << 20  # bytes of log handed to the driver per call
 
@@ -32,6 +34,7 @@ class RoleActor:
         self.label = label
         self.process: subprocess.Popen[bytes] | None = None
         self.env: dict[str, str] = {}
+        self.keys: dict[str, str] = {}  # the run's secret and keys: its role gets them on a socket
         self.command: list[str] = []
         self.cwd = "."
         # the child's log and heartbeat stay on this node; the driver copies the log into logs/
@@ -84,9 +87,19 @@ class RoleActor:
         return missing
 
     def start(
-        self, role: str, config_yaml: str, config_path: str, env: dict[str, str], cwd: str
+        self,
+        role: str,
+        config_yaml: str,
+        config_path: str,
+        env: dict[str, str],
+        cwd: str,
+        keys: dict[str, str] | None = None,
     ) -> int:
-        """Write the role's config and start `asyncrl <role>` on it; returns the child's pid."""
+        """Write the role's config and start `asyncrl <role>` on it, `keys` handed over on a
+        socket (`secret_handover.py`); returns the child's pid."""
+        self.keys = dict(keys or {})
+        if self.keys:  # no other process of this node's user may read them here
+            make_unreadable()
         path = Path(cwd, config_path)
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(path, config_yaml.encode())
@@ -105,7 +118,7 @@ class RoleActor:
     def _run(self, command: list[str]) -> int:
         self.heartbeat.unlink(missing_ok=True)  # a new child beats afresh
         env = {**self.env, HEARTBEAT_ENV: str(self.heartbeat)}
-        self.process = start(command, self.log_path, env, cwd=self.cwd)
+        self.process = start(command, self.log_path, env, cwd=self.cwd, keys=self.keys)
         return self.process.pid
 
     def status(self) -> tuple[int | None, float | None]:
@@ -139,7 +152,7 @@ class RoleActor:
         """An inference role's weights version and fingerprint, and the tokens it generated."""
         import json
 
-        key = self.env.get(api_key_var) or os.environ.get(api_key_var)
+        key = server_key(api_key_var, self.keys)  # the key its role serves with
         request = urllib.request.Request(
             f"{url}/weight_info", headers={"Authorization": f"Bearer {key}"} if key else {}
         )

@@ -11,8 +11,11 @@ What a fork must not carry over, and does not: the launcher's threads (a fork ha
 the launcher runs no other Python thread; else the role is started by exec, as before), its
 open files (closed in the child, as `close_fds` does), its signal handlers and atexit hooks, its
 logging handlers and console, its torch thread count (libgomp read `OMP_NUM_THREADS` when the
-launcher imported torch, so the child sets the role's own), its torch and numpy random states. The
-launcher only imports: it never runs a torch kernel, so no OpenMP pool is forked mid-use.
+launcher imported torch, so the child sets the role's own), its torch and numpy random states, the
+keys it holds (the child holds the role's own, handed over in memory, never in its environment).
+The launcher only imports: it never runs a torch kernel, so no OpenMP pool is forked mid-use. It
+is not dumpable (`process_privacy.py`), and so a forked role is not either, from its first
+instruction.
 
 `role_start: exec` in the run's config turns this off (a fresh interpreter per role), and so
 does a GPU driver on the machine: the launcher then asks CUDA how many devices there are, which
@@ -33,13 +36,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
 
 from asyncrl.gpu_presence import could_have_gpus
 from asyncrl.lifetime import die_with_parent
 from asyncrl.log import forget_logging_setup, get_logger
+from asyncrl.run_secret import adopt
 
 logger = get_logger(__name__)
 
@@ -123,10 +127,16 @@ class ForkedRole:
         return self.returncode
 
 
-def fork_role(command: Sequence[str], log_path: Path, env: dict[str, str]) -> ForkedRole:
+def fork_role(
+    command: Sequence[str],
+    log_path: Path,
+    env: dict[str, str],
+    keys: Mapping[str, str] | None = None,
+) -> ForkedRole:
     """Start `command` (`python -m asyncrl.cli <role> ...`, see `role_command`) as a child of
     this process without a new interpreter: its output appended to `log_path`, `env` on top of
-    ours, in a session of its own, dying with us."""
+    ours, in a session of its own, dying with us, holding `keys` and no others in memory (not in
+    its environment; as not dumpable as this launcher, from its first instruction)."""
     arguments = role_command(command)
     if arguments is None:
         raise ValueError(f"not an asyncrl command of this interpreter: {list(command)}")
@@ -139,7 +149,7 @@ def fork_role(command: Sequence[str], log_path: Path, env: dict[str, str]) -> Fo
     ready, said_ready = os.pipe()
     pid = os.fork()
     if pid == 0:  # the role; never returns
-        _run_role_in_child(list(command), arguments, log, env, said_ready)
+        _run_role_in_child(list(command), arguments, log, env, dict(keys or {}), said_ready)
     os.close(log)
     os.close(said_ready)
     # back only once the child leads its own process group, as `Popen(start_new_session=True)`
@@ -152,7 +162,12 @@ def fork_role(command: Sequence[str], log_path: Path, env: dict[str, str]) -> Fo
 
 
 def _run_role_in_child(
-    command: list[str], arguments: list[str], log: int, env: dict[str, str], said_ready: int
+    command: list[str],
+    arguments: list[str],
+    log: int,
+    env: dict[str, str],
+    keys: dict[str, str],
+    said_ready: int,
 ) -> NoReturn:
     code = 1
     try:
@@ -160,6 +175,7 @@ def _run_role_in_child(
         die_with_parent()
         os.write(said_ready, b"1")
         _become_a_fresh_role_process(command, log, env)
+        adopt(keys, only=True)
         code = _run_cli(arguments)
     except BaseException:
         with contextlib.suppress(Exception):

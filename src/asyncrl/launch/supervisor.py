@@ -44,6 +44,8 @@ class RoleSpec:
     finishes: bool = True  # a server (infer) runs until stopped: exiting at all is a failure
     cannot_restart: str | None = None  # why this role cannot be restarted in this config
     fork: bool = False  # forked from the launcher when it can be (`role_fork.py`), not exec'd
+    # the run's secret and keys, handed over in memory or on a socket, never in `env`
+    keys: dict[str, str] = field(default_factory=dict)
 
 
 # what a restarted role is given on top of its first command: resume from its last checkpoint
@@ -144,8 +146,8 @@ class SupervisedRole:
         clear_heartbeat(self.spec.heartbeat)  # a new process (and its ranks) beats afresh
         env = {**self.spec.env, HEARTBEAT_ENV: str(self.spec.heartbeat)}
         if self.spec.fork and role_command(command) is not None and can_fork_now():
-            return fork_role(command, self.spec.log, env)
-        return start(command, self.spec.log, env)
+            return fork_role(command, self.spec.log, env, self.spec.keys)
+        return start(command, self.spec.log, env, keys=self.spec.keys)
 
     def check(self, now: float | None = None) -> None:
         """Restart a role that died or hung (after its backoff); raise `RoleFailed` when it may

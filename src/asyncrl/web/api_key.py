@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 from typing import Any
+
+from asyncrl.run_secret import key_of
+from asyncrl.secret_handover import receive_keys
 
 OPEN_PATHS = frozenset({"/health", "/version", "/metrics"})  # what a load balancer probes
 ENGINE_KEY_ENV = "VLLM_API_KEY"  # where vLLM (and `EngineKeyGuard` in its process) reads the key
@@ -50,11 +52,14 @@ class ApiKeyGuard:
 
 class EngineKeyGuard(ApiKeyGuard):
     """`ApiKeyGuard` inside vLLM's API server (`--middleware`, which passes no arguments): the
-    key from `$VLLM_API_KEY`, which `asyncrl infer` sets. Without one it refuses to be built,
-    so no request reaches vLLM unguarded."""
+    key `asyncrl infer` hands that process over a socket (`secret_handover.py`), else
+    `$VLLM_API_KEY` (vLLM started by hand, the key in its environment anyway). Handed it, the
+    process has marked itself not dumpable first: no other process of its user reads it there.
+    Without a key it refuses to be built, so no request reaches vLLM unguarded."""
 
     def __init__(self, app: Any) -> None:
-        key = os.environ.get(ENGINE_KEY_ENV)
+        receive_keys()  # makes this process not dumpable before it reads a key
+        key = key_of(ENGINE_KEY_ENV)
         if not key:
             raise RuntimeError(
                 f"EngineKeyGuard: ${ENGINE_KEY_ENV} is unset; it guards every route with that key"

@@ -1,13 +1,14 @@
 """The orchestrator's side of an env-server (`RemotePool`) against a server that answers badly:
-a refusal (401 after a key change, 404, 422), an answer that is not the protocol's, and rewards
-a local pool would refuse (NaN, 1e308, an infinite step) each cost one rollout (reward 0,
-counted), never the run. The server here is a real HTTP server on 127.0.0.1 whose answers the
-test chooses (`scripted_env_server`)."""
+a refusal (401 after a key change, 404, 422), an answer that is not the protocol's or past its
+size, and rewards a local pool would refuse (NaN, 1e308, an infinite step) each cost one
+rollout (reward 0, counted), never the run. The server here is a real HTTP server on 127.0.0.1
+whose answers the test chooses (`scripted_env_server`)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from asyncrl.config.base import ConfigError
+from asyncrl.envs import remote
 from asyncrl.envs.base import Example
 from asyncrl.envs.remote import RemotePool, remote_environment
 from asyncrl.envs.reward_pool import EnvironmentFailed
@@ -144,3 +147,32 @@ def test_a_bad_answer_to_a_turn_ends_the_episode_only(scripted_env_server, statu
 
     asyncio.run(scenario())
     assert pool.failures == {kind: 1}
+
+
+def test_an_answer_past_its_size_costs_the_rollout_naming_the_server(
+    scripted_env_server, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Answers used to be read whole, however large (issue 86): a server could fill the
+    orchestrator's memory with one reward."""
+    monkeypatch.setattr(remote, "ANSWER_LIMIT", 4096)
+    url, script = scripted_env_server
+    padded = {"reward": 1.0, "values": {"right": 1.0}, "padding": "x" * 10_000}
+    with caplog.at_level(logging.WARNING, logger="asyncrl"):
+        result, pool = score_with(url, script, 200, json.dumps(padded).encode())
+    assert result.reward == 0.0 and result.lost == "remote_too_large"
+    assert pool.failures == {"remote_too_large": 1}
+    assert f"env-server {url}/score: answered more than 4096 bytes" in caplog.text
+
+
+def test_examples_past_their_size_stop_the_start_naming_the_server(
+    scripted_env_server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(remote, "EXAMPLES_LIMIT", 4096)
+    url, script = scripted_env_server
+    example = {"example_id": 0, "prompt": [{"role": "user", "content": "x" * 100}],
+               "answer": "y", "task": "t"}  # fmt: skip
+    script.answer = (200, json.dumps([example] * 100).encode())
+    with pytest.raises(ConfigError, match=rf"env-server {url}/examples answered more than 4096"):
+        remote_environment(url, "key").examples("train", 100)
+    script.answer = (200, json.dumps([example] * 10).encode())  # within it: read
+    assert len(remote_environment(url, "key").examples("train", 10)) == 10

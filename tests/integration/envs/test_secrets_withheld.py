@@ -1,7 +1,8 @@
-"""Issue 60 (4): the processes that run a user's code for the run (reward workers, the tools
-they call, scorer plugins and reward models) start without the run's secret and keys. Each
-test starts the real process the orchestrator starts, holding every such secret, and asks the
-user's code what it finds in its environment."""
+"""Issue 60 (4), issue 86 (3): the processes that run a user's code for the run (reward workers,
+the tools they call, scorer plugins and reward models) start without the run's secret and keys,
+and without the user's own credentials unless the config passes one through. Each test starts
+the real process the orchestrator starts, holding every such secret, and asks the user's code
+what it finds in its environment."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from asyncrl import run_secret
+from asyncrl import run_secret, user_code
 from asyncrl.config.model_rewards import PluginTermConfig
 from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.envs import load_environment
@@ -32,6 +33,15 @@ SECRETS = {
     "MY_INFERENCE_KEY": "a-configured-inference-key",
     "MY_JUDGE_KEY": "a-configured-judge-key",
 }
+# the user's own credentials: out unless passed through by name (issue 86, 3)
+CREDENTIALS = {
+    "HF_TOKEN": "hf_the-users-token",
+    "WANDB_API_KEY": "the-wandb-key",
+    "AWS_SECRET_ACCESS_KEY": "the-aws-secret",
+    "OPENAI_API_KEY": "sk-the-openai-key",
+    "SSH_AUTH_SOCK": "/tmp/ssh-agent.sock",
+}
+# an allowlisted place, and a setting the config passes through
 KEPT = {"HF_HOME": "/somewhere/hf", "MY_OWN_SETTING": "kept"}
 
 USER_CODE = """
@@ -80,17 +90,19 @@ def holding_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (tmp_path / "peeking.py").write_text(USER_CODE)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), *sys.path]))
-    for name, value in {**SECRETS, **KEPT}.items():
+    for name, value in {**SECRETS, **CREDENTIALS, **KEPT}.items():
         monkeypatch.setenv(name, value)
     # the orchestrator names the variables its config holds keys in (restored afterwards)
     monkeypatch.setattr(run_secret, "_withheld", set(run_secret._withheld))
     config = OrchestratorConfig.model_validate({
         "model": {"name": "m"}, "client": {"api_key_var": "MY_INFERENCE_KEY"},
+        "reward_env_passthrough": ["MY_OWN_SETTING"],
         "env": [{"id": "reverse-text", "model_rewards": [
             {"type": "judge", "base_url": "http://127.0.0.1:9/v1", "api_key_var": "MY_JUDGE_KEY"}
         ]}],
     })  # fmt: skip
     run_secret.withhold(*config.secret_variables())
+    user_code.pass_through(*config.reward_env_passthrough)
     return tmp_path / "report.json"
 
 
@@ -100,6 +112,8 @@ def assert_withheld(report: Path) -> None:
         environment = seen[where]
         assert not set(SECRETS) & set(environment), f"{where}: {set(SECRETS) & set(environment)}"
         assert not set(SECRETS.values()) & set(environment.values())
+        credentials = set(CREDENTIALS) & set(environment)
+        assert not credentials, f"{where}: {credentials}"
         assert {name: environment.get(name) for name in KEPT} == KEPT
 
 

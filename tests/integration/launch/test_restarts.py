@@ -24,7 +24,7 @@ from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
 
 from .run_processes import role_marker, signal_running, wait_for_pid
-from .test_rl_launcher import rl_config, survivors
+from .test_rl_launcher import rl_config, server_headers, survivors, with_run_secret
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -43,7 +43,8 @@ def start_run(
         sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", str(STEPS),
         "--restart.backoff", str(backoff), "--restart.hang_timeout", str(hang_timeout),
     ]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env=with_run_secret())  # fmt: skip
 
 
 def wait_for_trainer_step(run_dir: Path, step: int, launcher: subprocess.Popen[str]) -> None:
@@ -151,7 +152,9 @@ def stop_trainer_ahead_of_its_checkpoint(
 
 def server_version(config: Path) -> int:
     port = yaml.safe_load(config.read_text())["inference"]["port"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/weight_info") as response:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/weight_info",
+                                     headers=server_headers())  # fmt: skip
+    with urllib.request.urlopen(request) as response:
         return int(json.load(response)["version"])
 
 

@@ -15,7 +15,13 @@ import yaml
 
 from asyncrl.monitor.metrics import read_metrics
 
-from .test_rl_launcher import assert_every_untied_batch_trained, rl_config, survivors
+from .test_rl_launcher import (
+    assert_every_untied_batch_trained,
+    rl_config,
+    server_headers,
+    survivors,
+    with_run_secret,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -40,13 +46,14 @@ def test_colocated_run_syncs_weights_in_memory_every_step(
     path, port = colocated_config(tiny_model_dir, output)
     process = subprocess.Popen(
         [sys.executable, "-m", "asyncrl.cli", "rl", str(path)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=with_run_secret(),
     )  # fmt: skip
     versions: list[int] = []
     deadline = time.monotonic() + 600
     while process.poll() is None and time.monotonic() < deadline:
         try:  # the trainer's own server, polled while the run goes on
-            info = httpx.get(f"http://127.0.0.1:{port}/weight_info", timeout=2).json()
+            info = httpx.get(f"http://127.0.0.1:{port}/weight_info", timeout=2,
+                             headers=server_headers()).json()  # fmt: skip
             if not versions or info["version"] != versions[-1]:
                 versions.append(info["version"])
         except httpx.HTTPError:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,8 +14,24 @@ import yaml
 
 from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
+from asyncrl.run_secret import server_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+# a run's servers take a key (derived from its secret): a test that asks one itself chooses the
+# secret, as a user may, and sends the key its roles derive
+RUN_SECRET = "the-secret-of-a-test-run-0123456789"
+
+
+def with_run_secret() -> dict[str, str]:
+    """The environment of a launcher whose run's secret the test knows."""
+    return {**os.environ, "ASYNCRL_RUN_SECRET": RUN_SECRET}
+
+
+def server_headers() -> dict[str, str]:
+    """What a client of that run's inference server sends."""
+    key = server_key("VLLM_API_KEY", {"ASYNCRL_RUN_SECRET": RUN_SECRET})
+    return {"Authorization": f"Bearer {key}"}
 
 
 def rl_config(model: Path, output: Path, **orchestrator: object) -> Path:

@@ -17,6 +17,7 @@ import pytest
 import asyncrl
 from asyncrl.envs import load_environment
 from asyncrl.envs.reward_pool import RewardPool, RewardResult
+from asyncrl.user_code import pass_through
 
 pytestmark = pytest.mark.integration
 
@@ -188,6 +189,7 @@ def test_a_hung_grandchild_costs_the_timeout_and_leaves_no_process(
     a detached `sleep 30` outliving `close()`; the whole process group goes now."""
     pid_file = tmp_path / "grandchild.pid"
     monkeypatch.setenv("GRANDCHILD_PID", str(pid_file))
+    pass_through("GRANDCHILD_PID")  # as `reward_env_passthrough` would: not on the allowlist
     (_, hung, seconds), (_, after, _) = score_each(env_on_path, ["grandchild", "yes"], timeout=2.0)
     assert seconds < 2.0 + 2.5  # the timeout and the kill grace
     assert hung.lost == "timeout" and hung.reward == 0.0

@@ -1,16 +1,20 @@
-"""Issue 60 (5, 6): no inference route is open to the network without a key.
+"""Issue 60 (5, 6), issue 86 (1, 4): no inference route is open without a key.
 
 An inference server whose `host` other machines reach refuses to start without an API key,
 whatever its backend (the embedded server used to start silently; vLLM's development routes
-answered anyone). With a key, vLLM is handed asyncrl's guard as `--middleware`, which covers
-every route (vLLM's own key covers `/v1` only), and its worker extension reloads weights only
-from under `weight_roots`. Everything here is decided before any engine starts, so it is
-tested without one; `tests/contract/test_vllm_access.py` checks the same on a real vLLM."""
+answered anyone); a run's servers always have one, derived from the run's secret, loopback
+included. With a key, vLLM is handed asyncrl's guard as `--middleware`, which covers every
+route (vLLM's own key covers `/v1` only), the key reaching the guard over a socket, not in
+vLLM's environment; its worker extension reloads weights only from under `weight_roots`. The
+guard is tested here in a process of its own, as vLLM's builds it; everything else is decided
+before any engine starts, so it is tested without one; `tests/contract/test_vllm_access.py`
+checks the same on a real vLLM."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -30,11 +34,13 @@ from asyncrl.inference.access import server_api_key
 from asyncrl.inference.external_engine import (
     ENGINE_GUARD,
     engine_environment,
+    refuse_flags_that_open,
     serve_external,
     vllm_command,
     vllm_environment,
 )
 from asyncrl.inference.weight_roots import WeightLoadError
+from asyncrl.run_secret import server_key
 from asyncrl.transport.vllm_worker_extension import (
     WEIGHT_ROOTS_ENV,
     AsyncrlWorkerExtension,
@@ -47,7 +53,7 @@ OFF_LOOPBACK = "0.0.0.0"
 
 @pytest.fixture(autouse=True)
 def no_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("VLLM_API_KEY", "MY_KEY"):
+    for name in ("VLLM_API_KEY", "MY_KEY", "ASYNCRL_RUN_SECRET"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -97,6 +103,12 @@ def test_vllm_is_refused_before_it_starts() -> None:
         ("--api-key", "--api-key"),
         ("--api_key", "--api-key"),
         ("--api_key=secret", "--api-key"),
+        # issue 86 (4): argparse takes a flag's unambiguous prefix, and a Unix socket binds too
+        ("--hos", "--hos (short for --host)"),
+        ("--ho=0.0.0.0", "--ho (short for --host)"),
+        ("--uds", "--uds"),
+        ("--ud=/tmp/engine.sock", "--ud (short for --uds)"),
+        ("--api-k", "--api-k (short for --api-key)"),
     ],
 )
 def test_extra_args_cannot_rebind_the_engine_or_put_a_key_on_its_command_line(
@@ -105,42 +117,98 @@ def test_extra_args_cannot_rebind_the_engine_or_put_a_key_on_its_command_line(
     config = InferenceConfig(
         model="m", backend="vllm", executable=sys.executable, extra_args=[flag, "x"]
     )
-    with pytest.raises(ConfigError, match=f"{refused} is refused"):
+    with pytest.raises(ConfigError, match=re.escape(f"{refused} is refused")):
         serve_external(config)
 
 
-def test_the_run_launcher_refuses_an_open_server_before_any_role_starts(tmp_path: Path) -> None:
-    from asyncrl.launch.local import run_rl
+def test_flags_that_only_share_a_beginning_with_a_refused_one_pass() -> None:
+    config = InferenceConfig(model="m", backend="vllm", extra_args=[
+        "--api-server-count", "1", "--hf-overrides", "{}", "--uvicorn-log-level", "info",
+    ])  # fmt: skip
+    refuse_flags_that_open(config)
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", OFF_LOOPBACK])
+def test_every_server_of_a_run_is_keyed_by_its_secret_loopback_included(
+    tmp_path: Path, host: str
+) -> None:
+    """A local run's server used to take no key on loopback (only a Ray cluster made one), and
+    one off loopback was refused. Now every role holds the run's secret, and server and clients
+    derive the same key from it, different per variable and per run; a key the user set wins."""
+    from asyncrl.launch.roles import run_keys
 
     config = validate_config(RLConfig, {
         "model": "m", "output_dir": str(tmp_path / "out"), "deployment": "disaggregated",
-        "inference": {"host": OFF_LOOPBACK},
+        "inference": {"host": host},
     })  # fmt: skip
-    with pytest.raises(ConfigError, match="serves other machines"):
-        run_rl(config)
-    assert not (tmp_path / "out").exists()
+    keys = run_keys(config)
+    served = server_api_key(config.inference, keys)
+    assert served is not None and len(served) == 64 and served not in keys.values()
+    assert server_key(config.orchestrator.client.api_key_var, keys) == served  # the client's
+    assert server_key("ANOTHER_KEY_VAR", keys) != served
+    assert server_api_key(config.inference, run_keys(config)) != served  # another run
+    assert server_api_key(config.inference, {**keys, "VLLM_API_KEY": "chosen"}) == "chosen"
 
 
 def test_with_a_key_vllm_is_started_behind_asyncrls_guard(monkeypatch: pytest.MonkeyPatch) -> None:
     config = InferenceConfig(model="m", backend="vllm", host=OFF_LOOPBACK, api_key_var="MY_KEY")
     assert "--middleware" not in vllm_command(config)  # no key: loopback only, as refused above
-    monkeypatch.setenv("MY_KEY", "s3cret")
-    command = vllm_command(config)
-    assert command[command.index("--middleware") + 1] == ENGINE_GUARD
+    for key in ({"MY_KEY": "s3cret"}, {"ASYNCRL_RUN_SECRET": "a-runs-secret-0123456789"}):
+        with monkeypatch.context() as patched:
+            for name, value in key.items():
+                patched.setenv(name, value)
+            command = vllm_command(config)
+            assert command[command.index("--middleware") + 1] == ENGINE_GUARD
+            assert not set(key.values()) & set(" ".join(command).split())
+            assert not {"MY_KEY", "VLLM_API_KEY", "ASYNCRL_RUN_SECRET"} & set(
+                vllm_environment(config)
+            )  # the key goes over a socket (`serve_external`)
     module, name = ENGINE_GUARD.rsplit(".", 1)
     assert getattr(importlib.import_module(module), name) is EngineKeyGuard
-    assert vllm_environment(config)["VLLM_API_KEY"] == "s3cret"
-    assert "s3cret" not in " ".join(command)
 
 
 def test_vllm_gets_neither_the_run_secret_nor_a_stray_inference_key() -> None:
-    ours = {"ASYNCRL_RUN_SECRET": "run-secret-01234567", "VLLM_API_KEY": "other", "PATH": "/bin"}
+    ours = {"ASYNCRL_RUN_SECRET": "run-secret-01234567", "VLLM_API_KEY": "other", "PATH": "/bin",
+            "ASYNCRL_SECRETS_FD": "7"}  # fmt: skip
     assert engine_environment({"VLLM_SERVER_DEV_MODE": "1"}, ours) == {
         "PATH": "/bin",
         "VLLM_SERVER_DEV_MODE": "1",
     }
-    configured = engine_environment({"VLLM_API_KEY": "s3cret"}, ours)
-    assert configured["VLLM_API_KEY"] == "s3cret" and "ASYNCRL_RUN_SECRET" not in configured
+
+
+GUARD_IN_ITS_OWN_PROCESS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from test_server_access import a_vllm_like_app
+from starlette.testclient import TestClient
+from asyncrl.process_privacy import is_dumpable
+client = TestClient(a_vllm_like_app())
+print(json.dumps({
+    "without": client.post("/is_paused").status_code,
+    "with": client.post("/is_paused", headers={"Authorization": "Bearer s3cret"}).status_code,
+    "dumpable": is_dumpable(),
+    "environ": open("/proc/self/environ", "rb").read().decode(errors="replace"),
+}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and prctl are Linux's")
+def test_the_guard_in_vllms_process_gets_its_key_on_a_socket_not_in_its_environment(
+    tmp_path: Path,
+) -> None:
+    """`asyncrl infer` used to hand vLLM the key in `$VLLM_API_KEY`, readable for the server's
+    whole life in `/proc/<pid>/environ` by every process of its user, reward code included."""
+    from asyncrl.processes import start
+
+    here = str(Path(__file__).parent)
+    out = tmp_path / "out.json"
+    process = start([sys.executable, "-c", GUARD_IN_ITS_OWN_PROCESS, here], out,
+                    keys={"VLLM_API_KEY": "s3cret"})  # fmt: skip
+    assert process.wait(timeout=120) == 0, out.read_text()[-2000:]
+    seen = json.loads(out.read_text().strip().splitlines()[-1])
+    assert (seen["without"], seen["with"]) == (401, 200)
+    assert seen["dumpable"] is False  # marked before it read the key
+    assert "s3cret" not in seen["environ"] and "VLLM_API_KEY" not in seen["environ"]
 
 
 def a_vllm_like_app() -> Any:

@@ -95,7 +95,8 @@ def test_a_symlinked_output_is_written_through_with_ordinary_permissions(
 
 
 def test_what_a_killed_export_left_is_removed_at_the_next_start(run: Path, tmp_path: Path) -> None:
-    left = [".exported.output.0123abcd.tmp", ".exported.q1w2e3r4.tmp"]  # this version, earlier
+    left = [f".exported.asyncrl-output.{'0123abcd' * 4}.tmp",
+            f".exported.asyncrl-output-old.{'0123abcd' * 4}.tmp"]  # fmt: skip
     for name in left:
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(b"half")

@@ -3,11 +3,13 @@ step cannot be done. The real model's own checks are in tests/integration/models
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from asyncrl.config.get_model import GetModelConfig
 from asyncrl.models import package_models
 from asyncrl.models.gguf_import import MARKER, GGUFError, convert_gguf, read_header
-from asyncrl.models.package_models import CATALOGUE, FetchError, get_model
+from asyncrl.models.package_models import CATALOGUE, FetchError, PackagedModel, get_model
 
 pytest.importorskip("gguf", reason="the gguf extra is not installed")
 from tests.unit.models.tiny_gguf import write_tiny_gguf
@@ -116,6 +118,42 @@ def test_a_wheel_whose_hash_differs_is_removed_not_used(tmp_path: Path) -> None:
     assert not (wheels / entry.wheel).exists()
 
 
+@pytest.mark.parametrize("pinned", [True, False])
+def test_a_cached_gguf_that_changed_is_extracted_again_not_trusted_by_its_name(
+    tiny_gguf: tuple[Path, torch.nn.Module],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    pinned: bool,
+) -> None:
+    """The GGUF extracted from the checked wheel was kept under the wheel's hash and used by
+    that name ever after, whatever it had become (issue 86)."""
+    data = tiny_gguf[0].read_bytes()
+    cache, member = tmp_path / "cache", "tiny_model/tiny.gguf"
+    (cache / "wheels").mkdir(parents=True)
+    wheel = cache / "wheels" / "tiny_model-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(member, data)
+    entry = PackagedModel(
+        "tiny-model==1.0", wheel.name, hashlib.sha256(wheel.read_bytes()).hexdigest(), member,
+        "Tiny", hashlib.sha256(data).hexdigest() if pinned else None,
+    )  # fmt: skip
+    monkeypatch.setitem(CATALOGUE, "smollm2-135m-instruct", entry)
+    cached = cache / "gguf" / entry.sha256[:16] / "tiny.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(data[:-64] + bytes(64))  # what someone, or a bad disk, left there
+    config = GetModelConfig(output_dir=str(tmp_path / "m"), cache_dir=str(cache))
+    output = get_model(config)
+    assert cached.read_bytes() == data
+    model = AutoModelForCausalLM.from_pretrained(output).eval()
+    ids = torch.tensor([[5, 40, 70, 100, 7]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, tiny_gguf[1](ids).logits)
+
+
+def test_the_catalogues_gguf_is_pinned() -> None:
+    assert all(entry.member_sha256 for entry in CATALOGUE.values())
+
+
 def test_two_processes_asking_at_once_convert_the_model_once(
     tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
@@ -202,14 +240,16 @@ def test_what_a_killed_conversion_left_is_removed_at_the_next_start(
     tiny_gguf: tuple[Path, torch.nn.Module], tmp_path: Path
 ) -> None:
     """A killed get-model left its staging directory (a model's size) beside the output for
-    ever; this version's names and the earlier version's are recognised, nothing else."""
-    left = [".model.output.0123abcd.tmp", ".model.k3j_x9q2.tmp"]
-    for name in [*left, ".model-notes.tmp"]:
+    ever; this version's names are recognised, nothing else (a user's `.model.backup_1.tmp`
+    was taken for an earlier version's, issue 86)."""
+    left = [f".model.asyncrl-output.{'0123abcd' * 4}.tmp"]
+    users = [".model-notes.tmp", ".model.backup_1.tmp"]
+    for name in [*left, *users]:
         (tmp_path / name).mkdir()
         (tmp_path / name / "model.safetensors").write_bytes(b"half")
     get_model(GetModelConfig(gguf=str(tiny_gguf[0]), output_dir=str(tmp_path / "model")))
     names = {p.name for p in tmp_path.iterdir()}
-    assert not names & set(left) and ".model-notes.tmp" in names
+    assert not names & set(left) and set(users) <= names
 
 
 # --- the GGUF file: checked before it is read, and all it is read with in the key ---------------

@@ -115,6 +115,18 @@ def test_chunks_that_concatenate_to_another_hash_leave_nothing(tmp_path: Path) -
     assert assemble_parts(parts, target, good).read_bytes() == bytes([0]) * 10 + bytes([1]) * 10
 
 
+def test_an_assembled_gguf_that_changed_is_assembled_again_not_trusted_by_its_name(
+    tmp_path: Path,
+) -> None:
+    """The assembled file was trusted by its name, without hashing, ever after (issue 86)."""
+    parts = [(wheel(tmp_path / f"p{i}.whl", {"d": bytes([i]) * 10}), "d") for i in range(2)]
+    target = tmp_path / "gguf" / "model.gguf"
+    good = sha256(bytes([0]) * 10 + bytes([1]) * 10)
+    target.parent.mkdir()
+    target.write_bytes(b"changed after it was checked")
+    assert assemble_parts(parts, target, good).read_bytes() == bytes([0]) * 10 + bytes([1]) * 10
+
+
 def test_a_main_package_stating_another_hash_is_refused(
     parted_tiny: tuple[PartedPackagedModel, Path, torch.nn.Module],
     tmp_path: Path,

@@ -13,7 +13,6 @@ done on the orchestrator's event loop: the judge's model runs in its server.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from typing import Any
 
@@ -29,6 +28,7 @@ from asyncrl.envs.model_rewards.judge_answers import (
 )
 from asyncrl.envs.model_rewards.stats import Judged, TermStats
 from asyncrl.log import get_logger
+from asyncrl.run_secret import key_of, server_key
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
@@ -57,10 +57,11 @@ class JudgeTerm:
         self._logged: set[str] = set()
 
     def headers(self) -> dict[str, str]:
-        """The bearer key from `api_key_var`'s variable; none when it names none or is unset (an
-        endpoint that wants one then refuses the start-up probe, naming the variable)."""
+        """The bearer key of `api_key_var` (`run_secret.server_key`: its value, else the key the
+        run's secret gives it); none when it names none, or neither is set (an endpoint that
+        wants one then refuses the start-up probe, naming the variable)."""
         variable = self.config.api_key_var
-        key = os.environ.get(variable) if variable else None
+        key = server_key(variable) if variable else None
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     async def start(self) -> None:
@@ -100,7 +101,7 @@ class JudgeTerm:
         if response.status_code >= 400:
             variable = self.config.api_key_var
             key = (
-                f"${variable} is {'set' if os.environ.get(variable) else 'unset'}"
+                f"${variable} is {'set' if key_of(variable) else 'unset'}"
                 if variable
                 else "no `api_key_var`"
             )

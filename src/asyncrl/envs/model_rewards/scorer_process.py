@@ -10,9 +10,10 @@ A batch that takes longer than `timeout`, a process that dies, or a scorer that 
 that batch's rollouts (counted `timeout`, `unavailable`, `error`); the process is then replaced
 before the next batch. A score that is not a finite number costs its rollout (`unparseable`).
 
-The process runs a user's code (a plugin, a hub model's): it starts without the run's secret
-and keys (`run_secret.user_code_environment`). A reward model on `cuda` sees the GPUs `asyncrl
-rl` set aside for it (`$ASYNCRL_SCORER_DEVICES`, `gpu_placement.py`) as its
+The process runs a user's code (a plugin, a hub model's): it starts as a reward worker does
+(`user_code.py`: an allowlist of variables, never the run's secret or keys; no capability that
+reads another process; SIGKILL when the orchestrator dies). A reward model on `cuda` sees the
+GPUs `asyncrl rl` set aside for it (`$ASYNCRL_SCORER_DEVICES`, `gpu_placement.py`) as its
 CUDA_VISIBLE_DEVICES, where the orchestrator itself sees none (`scorer_environment`).
 """
 
@@ -36,7 +37,7 @@ from asyncrl.envs.model_rewards.items import ScoreItem
 from asyncrl.envs.model_rewards.stats import Judged, TermStats
 from asyncrl.log import get_logger
 from asyncrl.processes import kill_session
-from asyncrl.run_secret import user_code_environment
+from asyncrl.user_code import start_user_code, user_code_environment
 
 logger = get_logger(__name__)
 
@@ -169,7 +170,7 @@ class ScorerProcess:
             sys.executable, "-m", "asyncrl.envs.model_rewards.scorer_worker",
             json.dumps(self.config.model_dump(mode="json")),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            start_new_session=True, limit=LINE_LIMIT,
+            start_new_session=True, limit=LINE_LIMIT, preexec_fn=start_user_code,
             env=scorer_environment(self.config, os.environ),
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -200,7 +201,7 @@ def scorer_environment(
     given by `asyncrl rl`; unset, as the orchestrator was started: its own CUDA_VISIBLE_DEVICES)."""
     env = user_code_environment(environ)
     env["OMP_NUM_THREADS"] = str(getattr(config, "threads", 1))
-    devices = env.pop(SCORER_DEVICES_ENV, None)
+    devices = environ.get(SCORER_DEVICES_ENV)
     if devices is not None and isinstance(config, RewardModelTermConfig) and config.on_cuda():
         env["CUDA_VISIBLE_DEVICES"] = devices
     return env
