@@ -86,7 +86,8 @@ class EngineAPI:
         return response
 
     async def version(self) -> int | None:
-        """The weights version the server holds, or None when it cannot tell."""
+        """The weights version the server holds, or None when it cannot tell; what it says of
+        their fingerprint goes to `server.reported`."""
         info = await self._call("GET", f"{self.root}/weight_info", retries=1)
         value = str(info.get("weight_version", ""))
         return int(value) if value.isdigit() else 0
@@ -96,17 +97,22 @@ class EngineAPI:
         here, only the timeout (vLLM's /weight_info cannot be waited on)."""
         await asyncio.sleep(timeout)
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
+        """Load full weights; returns what the server says it loaded (`version`, `verified`:
+        the trainer's fingerprint it checked them against, `weight_reloads`, ...), or None when
+        it cannot say."""
         body = {"method": self.reload_method, "kwargs": {"weights_path": weight_dir}}
         await self._call("POST", f"{self.root}/collective_rpc", body)
         await self._call("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
         await self._set_version(step)
+        return None
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
         await self._call("POST", f"{self.base_url}/load_lora_adapter", body)
         await self._call("POST", f"{self.root}/reset_prefix_cache")
         await self._set_version(step)
+        return None
 
     async def pause(self, mode: PauseMode) -> None:
         await self._call("POST", f"{self.root}/pause?mode={mode}")
@@ -131,6 +137,7 @@ class EmbeddedAPI(EngineAPI):
 
     async def version(self) -> int | None:
         info = await self._call("GET", f"{self.root}/weight_info", retries=1)
+        self.server.reported = info.get("fingerprint") if not info.get("lora_name") else None
         return int(info["version"])
 
     async def version_change(self, known: int, timeout: float) -> None:
@@ -138,13 +145,18 @@ class EmbeddedAPI(EngineAPI):
         url = f"{self.root}/weight_info?changed_from={known}&wait={timeout:.3f}"
         await self._call("GET", url, retries=1)
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
         body = {"weight_dir": weight_dir, "version": step}
-        await self._call("POST", f"{self.root}/update_weights", body)
+        info: dict[str, Any] = await self._call("POST", f"{self.root}/update_weights", body)
+        self.server.reported = info.get("fingerprint")
+        return info
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
-        await self._call("POST", f"{self.base_url}/load_lora_adapter?version={step}", body)
+        url = f"{self.base_url}/load_lora_adapter?version={step}"
+        info: dict[str, Any] = await self._call("POST", url, body)
+        self.server.reported = None  # merged with the adapter: not the marker's fingerprint
+        return info
 
 
 SGLANG_PAUSE_MODES = {"abort": "abort", "keep": "in_place"}
@@ -192,15 +204,16 @@ class SGLangAPI(EngineAPI):
     async def version(self) -> int | None:
         return None
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
         result = await self._call(
             "POST", f"{self.root}/update_weights_from_disk", {"model_path": weight_dir}
         )
         if not result.get("success", False):
             raise RuntimeError(f"SGLang refused weights {weight_dir}: {result.get('message')}")
         await self._call("POST", f"{self.root}/flush_cache")
+        return None
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         # SGLang has no in-place reload: replace the adapter under the same name
         with contextlib.suppress(RuntimeError):  # nothing loaded under that name yet
             body = {"lora_name": name}
@@ -209,6 +222,7 @@ class SGLangAPI(EngineAPI):
             "POST", f"{self.root}/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
         await self._call("POST", f"{self.root}/flush_cache")
+        return None
 
     async def pause(self, mode: PauseMode) -> None:
         if mode not in SGLANG_PAUSE_MODES:

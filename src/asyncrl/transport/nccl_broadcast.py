@@ -1,11 +1,13 @@
 """Weight broadcast over torch.distributed: NCCL on GPUs, gloo on CPU (so it runs in tests here).
 
 The trainer is rank 0 and hosts the rendezvous store; each inference server is one more rank.
-For its n-th send in a group the trainer sets the store key `send_<n>`, then broadcasts a header
-(step, tensor count) and every parameter in `named_parameters()` order — the receivers hold the
-same architecture, so order and shapes agree. Receivers wait for that key in short polls, so a
-long training step is never mistaken for a dead peer; the transfer itself is bounded by
-`timeout` and raises instead of hanging.
+For its n-th send in a group the trainer sets the store key `manifest_<n>` (a checksum per
+tensor, `weights/manifest.py`) and then `send_<n>`, then broadcasts a header (step, tensor
+count) and every parameter in `named_parameters()` order — the receivers hold the same
+architecture, so order and shapes agree. A receiver checks what arrived against the manifest
+before anything is installed: a torn or corrupted transfer is never served. Receivers wait for
+that key in short polls, so a long training step is never mistaken for a dead peer; the
+transfer itself is bounded by `timeout` and raises instead of hanging.
 
 A group outlives the loss of any member. When a server dies the trainer's next send fails; a
 restarted server finds the group `complete` without it and asks to rejoin. Either way the
@@ -37,6 +39,7 @@ import torch.distributed as dist
 
 from asyncrl.log import get_logger
 from asyncrl.run_secret import secret_for, store_prefix
+from asyncrl.transport.weights.manifest import Manifest, make_manifest
 from asyncrl.waiting import Wait
 
 logger = get_logger(__name__)
@@ -77,6 +80,7 @@ class WeightSender:
         self.host, self.port, self.receivers, self.timeout = host, port, receivers, timeout
         self.device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
         self.last: tuple[int, torch.nn.Module] | None = None  # resent to a rebuilt group
+        self.manifest: Manifest | None = None  # of the version last sent
         self.prefix = _keys_of_this_run(host)
         self._form_group()
 
@@ -111,15 +115,16 @@ class WeightSender:
         return int(self.store.add(REJOIN, 0))
 
     @torch.no_grad()
-    def send(self, step: int, model: torch.nn.Module) -> None:
-        """Weights version `step` to every server; a group that lost a member is formed again
-        and sent to once more (a second failure raises)."""
+    def send(self, step: int, model: torch.nn.Module) -> Manifest:
+        """Weights version `step` to every server, and its manifest; a group that lost a member
+        is formed again and sent to once more (a second failure raises)."""
         if hasattr(model, "peft_config"):
             raise ValueError(
                 "NCCL broadcast sends full weights; use filesystem broadcast with LoRA"
             )
         if self._restarted_servers():
             self._rebuild("a restarted server asks to rejoin")
+        self.manifest = make_manifest(step, dict(model.named_parameters()))[0]
         failure = None
         try:
             self._send(step, model)
@@ -129,6 +134,8 @@ class WeightSender:
             self._rebuild(f"sending weights version {step} failed ({failure})")
             self._send(step, model)
         self.last = (step, model)
+        assert self.manifest is not None  # made by `_send`
+        return self.manifest
 
     def admit_restarted_servers(self) -> None:
         """Between steps: let a restarted server back in and send it the current weights, so a
@@ -141,12 +148,19 @@ class WeightSender:
     def _send(self, step: int, model: torch.nn.Module) -> None:
         assert self.store is not None
         parameters = list(model.named_parameters())
+        tensors = {name: p.detach().to(self.device).contiguous() for name, p in parameters}
+        assert self.manifest is not None and self.manifest.step == step, "made by `send`"
         self.sends += 1
+        self.store.set(f"manifest_{self.sends}", self.manifest.to_json())
         self.store.set(f"send_{self.sends}", str(step))
         header = torch.tensor([step, len(parameters)], dtype=torch.int64, device=self.device)
         dist.broadcast(header, src=0)
-        for _, parameter in parameters:
-            dist.broadcast(parameter.detach().to(self.device).contiguous(), src=0)
+        for name, _ in parameters:
+            self._broadcast(name, tensors[name])
+
+    def _broadcast(self, name: str, tensor: torch.Tensor) -> None:
+        """One tensor to every receiver (a seam where tests tear a transfer)."""
+        dist.broadcast(tensor, src=0)
 
     def close(self) -> None:
         _leave_group()
@@ -167,8 +181,9 @@ class WeightReceiver:
     @torch.no_grad()
     def receive(
         self, model: torch.nn.Module, should_stop: Callable[[], bool], poll: float = 1.0
-    ) -> tuple[int, dict[str, torch.Tensor]] | None:
-        """Staging copies of the next step's tensors (None if told to stop while waiting)."""
+    ) -> tuple[int, dict[str, torch.Tensor], Manifest | None] | None:
+        """Staging copies of the next step's tensors, and the trainer's manifest of them (None
+        from a trainer that sends none); None if told to stop while waiting."""
         while not should_stop():
             if self.store is None:
                 self._join(should_stop, poll)
@@ -228,7 +243,19 @@ class WeightReceiver:
         )  # fmt: skip
         return dist.PrefixStore(self.prefix, client)
 
-    def _receive_tensors(self, model: torch.nn.Module) -> tuple[int, dict[str, torch.Tensor]]:
+    def ask_again(self, why: str) -> None:
+        """What arrived did not check: leave the group and ask to be let back in; the trainer
+        forms it again and sends its current weights (`admit_restarted_servers`)."""
+        self._leave(why)
+
+    def _receive_tensors(
+        self, model: torch.nn.Module
+    ) -> tuple[int, dict[str, torch.Tensor], Manifest | None]:
+        assert self.store is not None
+        key = f"manifest_{self.sends + 1}"
+        manifest = None
+        if self.store.check([key]):
+            manifest = Manifest.from_json(self.store.get(key), f"the trainer's {key}")
         device = next(model.parameters()).device  # NCCL needs GPU tensors, gloo CPU ones
         header = torch.zeros(2, dtype=torch.int64, device=device)
         dist.broadcast(header, src=0)
@@ -242,7 +269,7 @@ class WeightReceiver:
             buffer = torch.empty(parameter.shape, dtype=parameter.dtype, device=parameter.device)
             dist.broadcast(buffer, src=0)
             staged[name] = buffer
-        return step, staged
+        return step, staged, manifest
 
     def _leave(self, why: str) -> None:
         logger.warning("weight broadcast: %s; waiting for the trainer's next group", why)

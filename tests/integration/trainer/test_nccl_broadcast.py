@@ -102,3 +102,61 @@ def test_the_rendezvous_store_listens_on_the_configured_host_only() -> None:
     finally:
         sender.kill()
         sender.wait()
+
+
+TEARING_SENDER = """
+import sys, time, torch
+from transformers import AutoModelForCausalLM
+from asyncrl.transport.nccl_broadcast import WeightSender
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32)
+with torch.no_grad():
+    for parameter in model.parameters():
+        parameter.add_(0.01)
+
+class TearingSender(WeightSender):
+    torn = False
+
+    def _broadcast(self, name, tensor):
+        if not self.torn and name == sys.argv[3]:  # the first transfer arrives damaged
+            self.torn = True
+            tensor = tensor.clone()
+            tensor.view(-1)[0] += 1.0
+        super()._broadcast(name, tensor)
+
+sender = TearingSender("127.0.0.1", int(sys.argv[1]), 1, 60)
+print("fingerprint", sender.send(1, model).fingerprint, flush=True)
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:  # as a trainer waiting for its next batch
+    sender.admit_restarted_servers()
+    time.sleep(0.2)
+"""
+
+
+def test_a_torn_transfer_is_never_served_and_is_sent_again(tiny_model_dir: Path) -> None:
+    """A tensor damaged on the way (here by the sender, after its manifest was made): the server
+    finds it does not check, asks the trainer to send again, and serves only the good copy.
+    It used to install what arrived."""
+    port = free_port()
+    tensor = "model.layers.0.self_attn.v_proj.weight"
+    group = ["--weight_broadcast_port", str(port), "--weight_broadcast_timeout", "60"]
+    with inference_server(
+        tiny_model_dir, "--max_model_len", "256", "--weight_broadcast_type", "nccl", *group
+    ) as url:
+        sender = subprocess.Popen(
+            [sys.executable, "-c", TEARING_SENDER, str(port), str(tiny_model_dir), tensor],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert sender.stdout is not None
+            fingerprint = sender.stdout.readline().split()[-1]
+            deadline = time.monotonic() + 240
+            while (info := httpx.get(f"{url}/weight_info").json())["version"] != 1:
+                assert time.monotonic() < deadline and sender.poll() is None, info
+                time.sleep(0.2)
+            assert info["verified"] == info["fingerprint"] == fingerprint
+            assert info["weight_reloads"] == 1
+            assert httpx.get(f"{url}/health").status_code == 200
+        finally:
+            sender.kill()
+            sender.wait()

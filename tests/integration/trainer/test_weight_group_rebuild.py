@@ -30,7 +30,7 @@ from asyncrl.transport.nccl_broadcast import WeightReceiver
 {MODEL}
 receiver = WeightReceiver("127.0.0.1", int(sys.argv[1]), int(sys.argv[2]), {SERVERS + 1}, 30)
 while True:
-    step, tensors = receiver.receive(model, lambda: False, poll=0.2)
+    step, tensors, _ = receiver.receive(model, lambda: False, poll=0.2)
     print("received", step, tensors["weight"][0, 0].item(), flush=True)
 """
 

@@ -17,8 +17,8 @@ from asyncrl.config.inference import InferenceConfig
 from asyncrl.config.trainer import TrainerConfig
 from asyncrl.log import get_logger
 from asyncrl.transport.broadcast import publish_marker
-from asyncrl.transport.fingerprint import weights_fingerprint
 from asyncrl.transport.nccl_broadcast import WeightReceiver, WeightSender
+from asyncrl.transport.weights.manifest import WeightsMismatch
 from asyncrl.transport.weights.route import State, WeightRoute, WeightTarget, WeightTransport
 
 logger = get_logger(__name__)
@@ -56,9 +56,10 @@ class NcclRoute(WeightRoute):
 
     def publish(self, step: int, model: torch.nn.Module, state: State) -> dict[str, float]:
         assert self.sender is not None, "start() forms the group"
-        self.sender.send(step, model)
-        fingerprint = weights_fingerprint(model.named_parameters())
-        publish_marker(self.run_dir, step, fingerprint, keep=self.keep, keep_every=self.keep_every)
+        manifest = self.sender.send(step, model)
+        publish_marker(
+            self.run_dir, step, manifest.fingerprint, keep=self.keep, keep_every=self.keep_every
+        )
         return {}
 
     def close(self) -> None:
@@ -67,13 +68,18 @@ class NcclRoute(WeightRoute):
 
 
 class NcclIntake(threading.Thread):
-    """A server's rank in the trainer's group: receives each version and installs it."""
+    """A server's rank in the trainer's group: receives each version, checks it against the
+    trainer's manifest and installs it. A version that does not check (a torn transfer) is
+    asked for again once (the trainer sends its current weights to a group formed anew); a
+    second in a row makes the server give up, naming the tensors, for its supervisor to
+    restart it — it never serves them."""
 
     def __init__(self, target: WeightTarget, config: InferenceConfig) -> None:
         super().__init__(name="asyncrl-weight-receiver", daemon=True)
         self.target, self.config = target, config
         self._stop_event = threading.Event()
         self.error: BaseException | None = None
+        self.mismatches = 0  # in a row
 
     def run(self) -> None:
         config = self.config
@@ -89,7 +95,18 @@ class NcclIntake(threading.Thread):
                 received = receiver.receive(self.target.model, self._stop_event.is_set)
                 if received is None:
                     break
-                self.target.apply_received(*received)
+                step, tensors, manifest = received
+                try:
+                    self.target.apply_received(step, tensors, "nccl", manifest)
+                except WeightsMismatch as mismatch:
+                    self.mismatches += 1
+                    self.target.reloaded(f"{mismatch}: asking the trainer to send it again")
+                    if self.mismatches > 1:
+                        self.target.give_up(f"weights received twice do not check: {mismatch}")
+                        raise
+                    receiver.ask_again(f"weights version {step} did not check")
+                    continue
+                self.mismatches = 0
         except Exception as error:  # reported on /health; the server keeps serving old weights
             self.error = error
             logger.exception("weight receiver stopped: %s", error)
