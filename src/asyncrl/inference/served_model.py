@@ -33,6 +33,7 @@ from asyncrl.inference.verified_load import (
     installed_mismatches,
     manifest_of,
     stage_delta,
+    stage_delta_blobs,
     stage_full,
 )
 from asyncrl.inference.weights import (
@@ -46,8 +47,9 @@ from asyncrl.inference.weights import (
 from asyncrl.log import get_logger
 from asyncrl.step_dirs import step_of
 from asyncrl.transport.fingerprint import tensor_checksums, version_checksum, weights_fingerprint
-from asyncrl.transport.weights.delta import DeltaError
+from asyncrl.transport.weights.delta import DeltaError, DeltaRefused
 from asyncrl.transport.weights.manifest import (
+    DeltaBase,
     Manifest,
     WeightsMismatch,
     check_checksums,
@@ -183,25 +185,48 @@ class ServedModel:
         return self.info()
 
     def _stage_from_delta(self, directory: Path, manifest: Manifest | None) -> Staged | None:
-        base = manifest.delta if manifest is not None else None
-        if manifest is None or base is None or self._adapter is not None:
+        if manifest is None or manifest.delta is None:
             return None
-        if (self._version, dtype_name(self.served_dtype)) != (base.step, base.dtype):
+        if (not_base := self._not_the_base(manifest.delta)) is not None:
+            logger.info("%s: a delta, but %s: loading the full version", directory, not_base)
             return None
-        if version_checksum(self.held_checksums()) != base.checksum:
-            logger.info(
-                "%s: a delta on version %d, but this server's version %d holds other "
-                "weights: loading the full version",
-                directory,
-                base.step,
-                self._version,
-            )
-            return None  # fmt: skip
         try:
             return stage_delta(self.engine.model, directory, manifest, self.held_checksums())
         except (DeltaError, WeightsMismatch) as error:
             self.reloaded(f"{error}: loading the full version instead")
             return None
+
+    def _not_the_base(self, base: DeltaBase) -> str | None:
+        """Why the weights served are not `base` (a delta's), or None when they are: the same
+        version, dtype and checksum as served, and no adapter merged. Under the load lock."""
+        if self._adapter is not None:
+            return f"adapter `{self._adapter.name}` is merged into the weights"
+        served = dtype_name(self.served_dtype)
+        if (self._version, served) != (base.step, base.dtype):
+            return (f"this server holds version {self._version} in {served}, the delta applies "
+                    f"to version {base.step} in {base.dtype}")  # fmt: skip
+        if version_checksum(self.held_checksums()) != base.checksum:
+            return f"this server's version {self._version} holds other weights than the base's"
+        return None
+
+    def apply_delta(
+        self, step: int, blobs: dict[str, bytes], manifest: Manifest, source: str = "nccl"
+    ) -> WeightInfo:
+        """Install version `step` from a delta received (`blobs`, `manifest` naming its base):
+        `DeltaRefused` when the server does not hold that base (the sender then sends the full
+        version), `DeltaError` or `WeightsMismatch` when the result is not the trainer's."""
+        assert manifest.delta is not None, "a delta version"
+        with self._load_lock:
+            if (not_base := self._not_the_base(manifest.delta)) is not None:
+                raise DeltaRefused(f"weights version {step} ({source}): {not_base}")
+            size = sum(len(blob) for blob in blobs.values())
+            staged = stage_delta_blobs(
+                self.engine.model, f"weights version {step} ({source})", manifest,
+                self.held_checksums(), blobs, size,
+            )  # fmt: skip
+            self._install(staged, step, source)
+        logger.info("installed weights version %d (%s, a delta of %d bytes)", step, source, size)
+        return self.info()
 
     def _stage_in_full(self, directory: Path, manifest: Manifest | None) -> Staged:
         """The full version, read once more when it does not check (the trainer's version, with
@@ -268,10 +293,13 @@ class ServedModel:
             names = {name for name, _ in self.engine.named_weights()}
             whole = names == set(tensors)
             checksums = tensor_checksums(tensors.items()) if whole or manifest else None
-            if manifest is not None:
-                assert checksums is not None
-                check_checksums(manifest.stored, checksums, f"weights version {step} ({source})")
             fingerprint = version_checksum(checksums) if whole and checksums else None
+            if manifest is not None:  # as sent: the trainer's dtype, or the one served
+                assert checksums is not None
+                sent = next(t.dtype for t in tensors.values() if t.is_floating_point())
+                expected = manifest.checksums_at(sent) or manifest.stored
+                check_checksums(expected, checksums, f"weights version {step} ({source})")
+                fingerprint = manifest.fingerprint
             same_dtype = all(t.dtype == self.served_dtype for t in tensors.values())
 
             def install() -> None:

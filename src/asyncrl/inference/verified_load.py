@@ -1,10 +1,10 @@
 """A weights version read, checked against the trainer's manifest and staged for the engine,
 off the engine's thread: nothing unchecked is ever installed.
 
-A full version is read into this process's memory (`weights.read_safetensors_dir`), converted to
-the dtype the server serves, and its checksums compared with the manifest's at that dtype — the
-values served, after conversion. Where the manifest does not cover the served dtype, the files
-are checked as the trainer wrote them, and the checksums of their conversion become the
+A full version is read into this process's memory (`weights.read_safetensors_dir`), checked
+against the manifest as the trainer wrote it (every bit of the files), converted to the dtype
+the server serves, and checked again at that dtype where the manifest covers it — the values
+served, after conversion; where it does not, the checksums of the conversion become the
 server's own. A delta (`transport/weights/delta.py`) is applied to the weights the server holds
 only when they are its base (step and checksum, checked by the caller under its load lock); the
 tensors it changes are re-hashed and the whole version compared with the manifest.
@@ -24,13 +24,19 @@ from typing import Literal
 import torch
 
 from asyncrl.inference.input_major import like_parameter
-from asyncrl.inference.weights import UnreadableWeights, files_bytes, read_full_weights
+from asyncrl.inference.weights import (
+    UnreadableWeights,
+    files_bytes,
+    read_full_weights,
+)
 from asyncrl.transport.fingerprint import tensor_checksum, tensor_checksums, version_checksum
 from asyncrl.transport.weights.delta import DeltaError, apply_delta, read_delta_file
 from asyncrl.transport.weights.manifest import (
     MANIFEST_FILE,
     Manifest,
+    cast,
     check_checksums,
+    dtype_name,
     read_manifest,
 )
 
@@ -57,22 +63,10 @@ def stage_full(
     """Read a full version and check it; `WeightsMismatch` names the tensors that differ."""
     source = read_full_weights(model, directory, roots)
     parameters = dict(model.named_parameters())
-    converted = {name: tensor.to(parameters[name].dtype) for name, tensor in source.items()}
-    checksums = tensor_checksums(converted.items())
-    if manifest is None:
-        fingerprint = version_checksum(tensor_checksums(source.items()))
-    else:
-        served_dtype = next(iter(parameters.values())).dtype
-        expected = manifest.checksums_at(served_dtype)
-        what = f"{directory} (version {manifest.step})"
-        if expected is not None:  # the values served, after conversion
-            check_checksums(expected, checksums, what)
-        else:  # the files as written; the conversion's checksums are then the server's own
-            same = all(converted[name] is tensor for name, tensor in source.items())
-            check_checksums(
-                manifest.stored, checksums if same else tensor_checksums(source.items()), what
-            )
-        fingerprint = manifest.fingerprint
+    served_dtype = next(iter(parameters.values())).dtype
+    converted, checksums, fingerprint = converted_and_checked(
+        source, manifest, served_dtype, str(directory)
+    )
     staged = {
         name: own_storage(like_parameter(tensor, parameters[name]), source[name])
         for name, tensor in converted.items()
@@ -83,23 +77,61 @@ def stage_full(
     return Staged(staged, checksums, fingerprint, manifest is not None, "full", read)
 
 
+def converted_and_checked(
+    source: dict[str, torch.Tensor], manifest: Manifest | None, dtype: torch.dtype, where: str
+) -> tuple[dict[str, torch.Tensor], dict[str, str], str]:
+    """The tensors read (`source`) converted to the served `dtype`, their checksums, and the
+    version's fingerprint, checked against the manifest: as the trainer wrote them (any bit of
+    the files), and, where the manifest covers the served dtype, as served after conversion
+    (where it does not, the conversion's checksums become the server's own). Without a
+    manifest nothing is checked."""
+    converted = {name: cast(tensor, dtype) for name, tensor in source.items()}
+    checksums = tensor_checksums(converted.items())
+    same = all(converted[name] is tensor for name, tensor in source.items())
+    as_read = checksums if same else tensor_checksums(source.items())
+    if manifest is None:
+        return converted, checksums, version_checksum(as_read)
+    what = f"{where} (version {manifest.step})"
+    check_checksums(manifest.stored, as_read, what)
+    expected = manifest.checksums_at(dtype)
+    if expected is not None and not same:
+        check_checksums(expected, checksums, f"{what}, as served in {dtype_name(dtype)}")
+    return converted, checksums, manifest.fingerprint
+
+
 def stage_delta(
     model: torch.nn.Module, directory: Path, manifest: Manifest, held: Mapping[str, str]
 ) -> Staged:
     """The version `manifest` describes, from the weights the server holds (its base, whose
-    checksums are `held`) and the delta beside it; `DeltaError` for a delta that does not
-    decode, `WeightsMismatch` for a result that is not the trainer's."""
+    checksums are `held`) and the delta file beside it."""
+    base = manifest.delta
+    assert base is not None, "a delta version"
+    path = directory / base.file
+    blobs = read_delta_file(path)
+    read = path.stat().st_size + (directory / MANIFEST_FILE).stat().st_size
+    return stage_delta_blobs(model, str(path), manifest, held, blobs, read)
+
+
+def stage_delta_blobs(
+    model: torch.nn.Module,
+    where: str,
+    manifest: Manifest,
+    held: Mapping[str, str],
+    blobs: Mapping[str, bytes],
+    bytes_read: int,
+) -> Staged:
+    """The version `manifest` describes from its base's weights (the model's, of checksums
+    `held`) and a delta's blobs (read from a file, or received): `DeltaError` for a delta that
+    does not decode, `WeightsMismatch` for a result that is not the trainer's."""
     base = manifest.delta
     assert base is not None, "a delta version"
     expected = manifest.checksums_at(base.dtype)
     if expected is None:
-        raise DeltaError(f"{directory}: its manifest has no {base.dtype} checksums")
-    path = directory / base.file
-    blobs = read_delta_file(path)
+        raise DeltaError(f"{where}: its manifest has no {base.dtype} checksums")
     parameters = dict(model.named_parameters())
     unknown = [name for name in blobs if name not in parameters]
     if unknown:
-        raise DeltaError(f"{path}: changes {unknown[:3]}, which this model does not have")
+        raise DeltaError(f"{where}: changes {unknown[:3]}, which this model does not have")
     checksums = dict(held)
     staged: dict[str, torch.Tensor] = {}
     for name, blob in blobs.items():
@@ -107,9 +139,8 @@ def stage_delta(
         new = apply_delta(parameter.detach(), blob, base.codec)  # fresh memory
         checksums[name] = tensor_checksum(new)
         staged[name] = like_parameter(new, parameter)
-    check_checksums(expected, checksums, f"{path} applied to version {base.step}")
-    read = path.stat().st_size + (directory / MANIFEST_FILE).stat().st_size
-    return Staged(staged, checksums, manifest.fingerprint, True, "delta", read)
+    check_checksums(expected, checksums, f"{where} applied to version {base.step}")
+    return Staged(staged, checksums, manifest.fingerprint, True, "delta", bytes_read)
 
 
 def installed_mismatches(model: torch.nn.Module, staged: Staged) -> list[str]:

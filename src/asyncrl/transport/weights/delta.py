@@ -39,6 +39,10 @@ class DeltaError(ValueError):
     """A delta that cannot be decoded (corrupt, truncated, an unknown codec)."""
 
 
+class DeltaRefused(ValueError):
+    """A delta sent to a server that does not hold its base: it needs the full version."""
+
+
 def default_codec() -> Codec:
     try:
         import zstandard  # noqa: F401
@@ -142,6 +146,15 @@ def read_delta_file(path: Path) -> dict[str, bytes]:
     except OSError as error:
         raise DeltaError(f"{path}: cannot read ({error})") from error
     return unpack_delta(data, str(path))
+
+
+@dataclass(frozen=True)
+class Written:
+    """The version a sender last sent, as the servers hold it: the base of its next delta."""
+
+    step: int
+    served: dict[str, torch.Tensor]  # every tensor at the served dtype (a copy of its own)
+    checksum: str  # the version checksum of `served`
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from asyncrl.transport.fingerprint import version_checksum
 from asyncrl.transport.weights.delta import (
     DELTA_FILE,
     DeltaPolicy,
+    Written,
     default_codec,
     delta_bytes,
     encode_delta,
@@ -39,15 +40,6 @@ from asyncrl.transport.weights.route import State, WeightRoute, WeightTransport
 from asyncrl.transport.weights.served_dtype import served_dtype
 
 logger = get_logger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class Written:
-    """The version last written, as the servers hold it: the base of the next delta."""
-
-    step: int
-    served: dict[str, torch.Tensor]  # every tensor at the served dtype (a copy of its own)
-    checksum: str  # the version checksum of `served`
 
 
 class FilesRoute(WeightRoute):

@@ -91,6 +91,13 @@ class WeightTarget(Protocol):
         (`WeightsMismatch` naming the tensors, nothing installed)."""
         ...
 
+    def apply_delta(
+        self, step: int, blobs: dict[str, bytes], manifest: Manifest, source: str = ...
+    ) -> object:
+        """Install version `step` from a delta on the version held (`manifest` names its base):
+        `DeltaRefused` when the server does not hold that base."""
+        ...
+
     def reloaded(self, why: str) -> None:
         """Count a version asked for again because what arrived did not check."""
         ...
