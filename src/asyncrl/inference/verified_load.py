@@ -28,12 +28,14 @@ from asyncrl.inference.weights import (
     UnreadableWeights,
     files_bytes,
     read_full_weights,
+    read_safetensors_dir,
 )
 from asyncrl.transport.fingerprint import tensor_checksum, tensor_checksums, version_checksum
 from asyncrl.transport.weights.delta import DeltaError, apply_delta, read_delta_file
 from asyncrl.transport.weights.manifest import (
     MANIFEST_FILE,
     Manifest,
+    WeightsMismatch,
     cast,
     check_checksums,
     dtype_name,
@@ -97,6 +99,35 @@ def converted_and_checked(
     if expected is not None and not same:
         check_checksums(expected, checksums, f"{what}, as served in {dtype_name(dtype)}")
     return converted, checksums, manifest.fingerprint
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A version's files as an engine that loads them itself (vLLM) gets them: read, converted
+    and checked here, then handed over as tensors in Hugging Face names."""
+
+    tensors: dict[str, torch.Tensor]
+    verified: str | None  # the trainer's fingerprint they were checked against
+    reloads: int  # 1 when they were read once more
+    bytes_read: int
+
+
+def read_checked(directory: Path, roots: list[str], dtype: torch.dtype) -> Checked:
+    """Read a version's files, convert them to `dtype` and check them against the manifest
+    beside them, once more when they do not check; `WeightsMismatch` or `UnreadableWeights`
+    when they still do not."""
+    manifest = manifest_of(directory)
+    for attempt in range(2):
+        try:
+            source = read_safetensors_dir(directory, roots)
+            converted, _, _ = converted_and_checked(source, manifest, dtype, str(directory))
+        except (WeightsMismatch, UnreadableWeights):
+            if manifest is None or attempt:
+                raise
+            continue
+        verified = manifest.fingerprint if manifest is not None else None
+        return Checked(converted, verified, attempt, files_bytes(directory))
+    raise AssertionError("unreachable")
 
 
 def stage_delta(
