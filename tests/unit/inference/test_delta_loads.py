@@ -78,6 +78,16 @@ def test_a_server_restarted_between_two_versions_gets_the_full_version(
     assert info.loaded == "full" and served_checksum(bf16) == expected_checksum(two)
 
 
+def test_a_server_that_skipped_a_version_gets_the_full_version(
+    bf16: ServedModel, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Version 3 is a delta on 2; a server that went from 1 straight to 3 reads it whole."""
+    one, _, three = three_versions(tiny_model_dir, tmp_path)
+    bf16.update_weights(str(one), None)
+    info = bf16.update_weights(str(three), None)
+    assert info.loaded == "full" and served_checksum(bf16) == expected_checksum(three)
+
+
 def test_a_delta_is_never_applied_to_other_weights_under_its_base_number(
     bf16: ServedModel, tiny_model_dir: Path, tmp_path: Path
 ) -> None:
