@@ -1,4 +1,5 @@
-# The two commands a new machine needs: `make demo` and `make test` (see README).
+# The two commands a new machine needs: `make demo` (a real model learns, on CPU) and `make test`
+# (see README).
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.asyncrl-installed
@@ -6,13 +7,12 @@ RAY_STAMP := $(VENV)/.asyncrl-ray-installed
 TRACKERS_STAMP := $(VENV)/.asyncrl-trackers-installed
 VLLM_VENV ?= .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.asyncrl-installed
-DEMO_DIR ?= outputs/demo
 
-.PHONY: setup ray trackers real-model-deps smollm2 gemma3 test-deps vllm bench-setup demo demo-smollm2 demo-gemma3 test test-fast lint format
+.PHONY: setup ray trackers real-model-deps smollm2 gemma3 test-deps vllm bench-setup demo demo-smollm2 demo-tiny demo-gemma3 test test-fast lint format
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
+$(STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh scripts/torch_source.py
 	VENV=$(VENV) bash scripts/setup.sh
 	touch $(STAMP)
 
@@ -54,14 +54,14 @@ gemma3: real-model-deps
 TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
-$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh
+$(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh scripts/torch_source.py
 	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(REAL_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite
 vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): scripts/setup_vllm.sh scripts/install.sh pyproject.toml
+$(VLLM_STAMP): scripts/setup_vllm.sh scripts/install.sh scripts/torch_source.py pyproject.toml
 	VENV=$(VLLM_VENV) bash scripts/setup_vllm.sh
 	touch $(VLLM_STAMP)
 
@@ -70,23 +70,12 @@ bench-setup:
 	VENV=.venv-bench bash scripts/setup.sh
 	.venv-bench/bin/python -m pip install --quiet -e ".[dev,bench,reasoning-gym]"
 
-demo: setup
-	$(BIN)/asyncrl init-model --preset small --output_dir $(DEMO_DIR)/base
-	$(BIN)/asyncrl sft examples/reverse_text/sft.yaml --model $(DEMO_DIR)/base --output_dir $(DEMO_DIR)/sft
-	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(DEMO_DIR)/sft/final
-	@echo "== RL: sampled (temperature 1.0) reward on 256 held-out prompts, before and after =="
-	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(DEMO_DIR)/sft/final --temperature 1.0
-	rm -rf $(DEMO_DIR)/rl
-	$(BIN)/asyncrl rl examples/reverse_text/rl.yaml --model $(DEMO_DIR)/sft/final --output_dir $(DEMO_DIR)/rl
-	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --temperature 1.0 --tokenizer $(DEMO_DIR)/sft/final \
-		--model $$(ls -d $(DEMO_DIR)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
-	$(BIN)/asyncrl plot $(DEMO_DIR)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(DEMO_DIR)/rl/plot.png
-
-# the second quick start: RL of SmolLM2-135M-Instruct on reasoning-gym's chain_sum, before/after
+# the quick start: RL of SmolLM2-135M-Instruct (a real pretrained model) on reasoning-gym's
+# chain_sum, held-out reward before/after and a plot
 # (RL_ARGS: overrides for `asyncrl rl`, e.g. "--trainer.recipe fp32 --inference.dtype float32")
 SMOLLM2_DEMO ?= outputs/smollm2
 RL_ARGS ?=
-demo-smollm2: smollm2
+demo: smollm2
 	@echo "== held-out reward before RL (sampled at 0.7; format@2: share of answers in <answer> tags) =="
 	$(BIN)/asyncrl eval examples/smollm2_chain_sum/eval.yaml --model $(SMOLLM2)
 	rm -rf $(SMOLLM2_DEMO)/rl
@@ -95,6 +84,24 @@ demo-smollm2: smollm2
 	$(BIN)/asyncrl eval examples/smollm2_chain_sum/eval.yaml --base_model $(SMOLLM2) --tokenizer $(SMOLLM2) \
 		--model $$(ls -d $(SMOLLM2_DEMO)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
 	$(BIN)/asyncrl plot $(SMOLLM2_DEMO)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(SMOLLM2_DEMO)/rl/plot.png
+
+# its name before it became the first quick start
+demo-smollm2: demo
+
+# the quick start from scratch: a 9.5 M-parameter model with random weights (init-model) learns
+# to reverse text: SFT, then RL, held-out reward before/after and a plot
+TINY_DEMO ?= outputs/demo
+demo-tiny: setup
+	$(BIN)/asyncrl init-model --preset small --output_dir $(TINY_DEMO)/base
+	$(BIN)/asyncrl sft examples/reverse_text/sft.yaml --model $(TINY_DEMO)/base --output_dir $(TINY_DEMO)/sft
+	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(TINY_DEMO)/sft/final
+	@echo "== RL: sampled (temperature 1.0) reward on 256 held-out prompts, before and after =="
+	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --model $(TINY_DEMO)/sft/final --temperature 1.0
+	rm -rf $(TINY_DEMO)/rl
+	$(BIN)/asyncrl rl examples/reverse_text/rl.yaml --model $(TINY_DEMO)/sft/final --output_dir $(TINY_DEMO)/rl
+	$(BIN)/asyncrl eval examples/reverse_text/eval.yaml --temperature 1.0 --tokenizer $(TINY_DEMO)/sft/final \
+		--model $$(ls -d $(TINY_DEMO)/rl/run_default/broadcasts/step_* | sort -V | tail -1)
+	$(BIN)/asyncrl plot $(TINY_DEMO)/rl/run_default -v reward -v entropy -v mismatch_kl -s -o $(TINY_DEMO)/rl/plot.png
 
 # the third quick start: RL from a base model, Gemma 3 270M on chain_sum with a plain prompt
 # (no chat template; the answer ends at the first newline), before/after

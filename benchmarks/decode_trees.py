@@ -6,7 +6,7 @@ server does (`load_served_model`: the tree's own layout and engine), with malloc
 is (`keep_freed_memory`), pinned to one core with one torch thread, and times `--repeats`
 rounds after one untimed: `--rows` sequences in groups of 8 sharing a prompt (as the
 orchestrator asks), submitted while the engine is paused and released together, `--tokens`
-tokens each with EOS ignored, at temperature 0.7 (`input_major.py`'s rounds), served in
+tokens each with EOS ignored, at temperature 0.7, served in
 `--dtype` (float32; bfloat16 is what `auto` serves where the CPU has it native). Trees alternate
 round by round, `--rounds` times. Prints one JSON line: each tree's tokens per second (median
 over its rounds) and the first tree's mean round time over each other's, with a 95 % bootstrap
@@ -25,12 +25,48 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from machine import cpu_name
 from race_stats import bootstrap_ratio
 from source_trees import check_imported, checked_trees, imported_from
 
 GROUP = 8
+
+
+def prompts(tokenizer: Any, groups: int) -> list[list[int]]:
+    """One chat prompt per group, each a short sum as the quick start asks."""
+    texts = [
+        f"Write the calculation, then the result in answer tags.\nWhat is {i} + {i + 3}?"
+        for i in range(groups)
+    ]
+    chats = [[{"role": "user", "content": text}] for text in texts]
+    return [
+        list(
+            tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)[
+                "input_ids"
+            ]
+        )
+        for chat in chats
+    ]
+
+
+def round_seconds(engine: Any, prompt_ids: list[list[int]], tokens: int) -> float:
+    """One round through the engine's public API, from the release of every group to the last
+    completion. Imports the sampling parameters of the tree this child runs, so that a tree of
+    any age can be timed."""
+    import time
+
+    from asyncrl.inference.sampling import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, temperature=0.7, ignore_eos=True, logprobs=0)
+    engine.pause("keep")  # held until all are in: one prefill, as a batch of groups arrives
+    requests = [engine.submit(ids, params, n=GROUP) for ids in prompt_ids]
+    started = time.perf_counter()
+    engine.resume()
+    for request in requests:
+        request.done.result(timeout=600)
+    return time.perf_counter() - started
 
 
 def child(model: str, rows: int, tokens: int, repeats: int, dtype: str) -> dict[str, object]:
@@ -44,7 +80,6 @@ def child(model: str, rows: int, tokens: int, repeats: int, dtype: str) -> dict[
 
     from asyncrl.config.inference import InferenceConfig
     from asyncrl.inference.server import load_served_model
-    from input_major import prompts, round_seconds
 
     torch.set_num_threads(1)
     config = InferenceConfig(model=model, dtype=dtype, max_model_len=256, max_num_seqs=128)
@@ -71,7 +106,8 @@ def round_times(tree: Path, args: argparse.Namespace, benchmarks: str) -> list[f
     return result["seconds"]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", default="models/smollm2-135m-instruct")
     parser.add_argument("--trees", nargs="+", default=["src"], help="source trees to compare")
@@ -86,7 +122,11 @@ def main() -> None:
         help="what the server serves in (bfloat16: `auto` on a CPU with it native)",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.child:
         print(json.dumps(child(args.model, args.rows, args.tokens, args.repeats, args.dtype)))
         return

@@ -228,12 +228,17 @@ def plan(trials: int, rng: random.Random, with_colocated: bool) -> list[Trial]:
     return planned
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--weights", choices=["filesystem", "nccl"], default="filesystem")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="asyncrl-faults-") as temp:
         workdir = Path(temp)

@@ -69,7 +69,8 @@ def time_reloads(model: str, root: Path, reloads: int) -> dict[str, object]:
     return {"imported_from": imported_from(), "seconds": seconds}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="models/smollm2-135m-instruct")
     parser.add_argument("--trees", nargs="+", default=["src"], help="source trees to compare")
@@ -77,7 +78,11 @@ def main() -> None:
     parser.add_argument("--reloads", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)  # the root, in a child
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.child is not None:
         print(json.dumps(time_reloads(args.model, args.child, args.reloads)))
         return

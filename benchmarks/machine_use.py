@@ -270,14 +270,19 @@ def engine_alone(config: dict, batches: list[TrainingBatch], core: int, dtype: s
         return difference(server_counters(url), before)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", type=Path, default=Path("examples/smollm2_chain_sum/rl.yaml"))
     parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-instruct"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--fp32", action="store_true", help="fp32 everywhere (what Zen 3 runs)")
     parser.add_argument("--replay", type=int, default=4, help="batches replayed alone per role")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     cores = sorted(os.sched_getaffinity(0))[:2]
     body, head, shapes = linear_shapes(args.model)
     # bfloat16 beside float32 only where it is native: where it is not (Zen 3: ~60x slower),

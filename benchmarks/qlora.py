@@ -152,14 +152,19 @@ def mismatch(path: Path, root: Path) -> dict[str, float]:
     return results
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--recipes", nargs="+", default=["fp32"], choices=["fp32", "bf16"])
     parser.add_argument(
         "--parts", nargs="+", default=list(PARTS), choices=PARTS, help="What to measure."
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     with tempfile.TemporaryDirectory(prefix="asyncrl-qlora-") as temp:
         root = Path(temp)
         models = {

@@ -147,7 +147,8 @@ def ratio(ours: list[float], theirs: list[float]) -> list[float]:
     return [round(mean, 2), round(low, 2), round(high, 2)]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-instruct"))
     parser.add_argument("--workloads", nargs="+", default=["4x8x24", "8x8x128"])
@@ -156,7 +157,11 @@ def main() -> None:
     parser.add_argument(
         "--vllm-python", default=str(default_vllm) if default_vllm.exists() else None
     )
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     workloads = []
     for workload in args.workloads:

@@ -93,10 +93,15 @@ def summary(runs: dict[str, list[dict[str, float]]], key: str) -> dict[str, obje
     return figures
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     work = Path(tempfile.mkdtemp(prefix="asyncrl-setup-time-"))
     names = list(LAYOUTS)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}

@@ -110,14 +110,19 @@ def measure(model_dir: Path, lora: bool, batch: TrainingBatch, steps: int) -> di
             "gflop_s_min": round(rates[0], 1), "gflop_s_max": round(rates[-1], 1)}  # fmt: skip
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", type=Path, default=Path("models/smollm2-135m-instruct"))
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--modes", nargs="+", default=["full", "lora"])
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     torch.set_num_threads(1)
     from transformers import AutoConfig, AutoTokenizer
 

@@ -109,7 +109,8 @@ def run(world_size: int, model_dir: Path, steps: int, samples: int, work: Path) 
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in range(world_size)]
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line, built without running anything (tests/unit/test_benchmarks.py)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="base")
     parser.add_argument("--steps", type=int, default=3)
@@ -117,7 +118,11 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = parser().parse_args()
     if args.worker:
         worker(args.model, args.steps, args.samples, args.out)
         return

@@ -77,6 +77,17 @@ install() {
     fi
 }
 
+# sets `torch_args` to the pip arguments that bring torch VERSION's build for this machine:
+# PyTorch's CPU index where there is no NVIDIA GPU and pip's sources hold no CPU build, none
+# otherwise (scripts/torch_source.py says why, and ASYNCRL_TORCH_INDEX overrides it)
+torch_args=()
+torch_sources() {
+    local arguments
+    arguments="$("$1/bin/python" scripts/torch_source.py "$2")"
+    torch_args=()
+    if [ -n "$arguments" ]; then mapfile -t torch_args <<<"$arguments"; fi
+}
+
 uninstall() {
     local venv="$1"
     shift

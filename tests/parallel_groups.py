@@ -11,8 +11,9 @@ so two workers on two cores finish it in less time than one. Two rules keep that
   one worker finishing a long group while the other sits idle: the longest-first rule of
   scheduling jobs on parallel machines.
 
-Tests marked `solo` (CPU-bound and statistical: the quick start's learning test took 2-4x its
-time beside another worker) are left out of this run and run after it, alone (the Makefile).
+Tests marked `solo` (CPU-bound and statistical: the reverse-text quick start's learning test
+took 2-4x its time beside another worker) are left out of this run and run after it, alone (the
+Makefile).
 
 `--dist loadgroup` (the Makefile's `test`) turns both on: the workers order their collection
 and the controller hands out whole groups in that order. xdist's own `xdist_group` marks do not

@@ -91,7 +91,7 @@ def _train(config: Any) -> None:
     from asyncrl.trainer.train import run_trainer
 
     if config.world_size > 1 and not started_by_a_launcher():
-        exec_ranks(config)  # does not return: torchrun runs the ranks
+        exec_ranks(config)  # does not return: starts the ranks (launch_ranks.py), exits with them
     if config.colocated_inference is None:
         run_trainer(config)
         return

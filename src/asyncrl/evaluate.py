@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from asyncrl.bitsandbytes_import import quiet_bitsandbytes_import
 from asyncrl.config.base import ConfigError
 from asyncrl.config.eval import EvalRunConfig
 from asyncrl.engine_completions import engine_completions
@@ -192,6 +192,9 @@ def load_policy(
         model = AutoModelForCausalLM.from_pretrained(
             base, dtype=torch.float32, trust_remote_code=trust
         )
+        with quiet_bitsandbytes_import():  # peft imports bitsandbytes where it is installed
+            from peft import PeftModel
+
         model = PeftModel.from_pretrained(model, str(name)).merge_and_unload()
         tokenizer_source = tokenizer_name or base
     else:

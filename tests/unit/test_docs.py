@@ -123,3 +123,32 @@ def test_the_measured_pages_quote_only_figures_of_the_results_file() -> None:
             if not re.search(rf"(?<![\d.,]){re.escape(number)}(?![\d]|[.,]\d)", results):
                 unknown.append(f"{name}: {number}")
     assert not unknown, f"figures not in benchmarks/RESULTS.md: {sorted(unknown)}"
+
+
+def test_the_readmes_two_commands_set_up_and_run_the_real_model_quick_start_and_the_tests(
+    tmp_path: Path,
+) -> None:
+    """The README opens with the job a newcomer came for and the tests, each setting up what it
+    needs: `make demo` installs .venv, then runs RL of the real pretrained model (the tiny
+    from-scratch one is `make demo-tiny`); `make test` installs both venvs and runs pytest. Read
+    from what make would run (`make -n`, a venv that does not exist yet), not from comments."""
+    import subprocess
+
+    first_block = (ROOT / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [line.split("#")[0].strip() for line in first_block.splitlines()]
+    assert commands == ["make demo", "make test"]
+
+    def dry_run(target: str) -> str:
+        return subprocess.run(
+            ["make", "-n", target, f"VENV={tmp_path / 'venv'}", f"VLLM_VENV={tmp_path / 'vllm'}"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+
+    demo = dry_run("demo")
+    assert "bash scripts/setup.sh" in demo
+    assert "asyncrl rl examples/smollm2_chain_sum/rl.yaml" in demo
+    assert dry_run("demo-smollm2") == demo
+    assert "asyncrl rl examples/reverse_text/rl.yaml" in dry_run("demo-tiny")
+    tests = dry_run("test")
+    assert "bash scripts/setup.sh" in tests and "bash scripts/setup_vllm.sh" in tests
+    assert "-m pytest" in tests

@@ -9,7 +9,7 @@ products, each output element still one dot product over the hidden size (the lo
 bit-identical on the Zen 4 measured; a BLAS may pick another kernel for a narrower product
 elsewhere, within float rounding), and a whole fp32 decode pass on one core is 1.01–1.03×
 faster for SmolLM2 and 1.13–1.18× for Gemma 3, whose head is half its pass
-(`benchmarks/blocked_head.py`, benchmarks/RESULTS.md 2026-11-28 (afternoon)).
+(benchmarks/RESULTS.md 2026-11-28 (afternoon); its script retired, at `a66e0fb`).
 
 Only where it measured better and cannot change autograd: on a CPU, for an `nn.Linear` head
 without bias, and only while gradients are off (the engine's passes); anything else runs the

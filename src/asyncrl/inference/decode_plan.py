@@ -3,7 +3,7 @@
 A decode pass gathers every row's keys and values up to the pass's longest sequence and attends
 over all of them (`kv_cache.py`), so one long sequence makes every row pay for its length: with
 one row at 500 tokens and 31 at 40, a step of the `small` model took 2.45× as long as with all
-32 at 40 (`benchmarks/decode_context.py`; benchmarks/RESULTS.md, 2026-11-25). With long-tailed
+32 at 40 (benchmarks/RESULTS.md, 2026-11-25; its script retired, at `f4f160d`). With long-tailed
 answer lengths a long sequence is nearly always running. Another pass has a cost of its own
 (the model's fixed per-layer work and the sampling around it: 6.5 ms for one row of `small` on
 one core, against 1.4 µs per row and key position), so rows are split off only where the key

@@ -6,7 +6,7 @@ dozen rows by a transposed operand; stored the other way round the same product 
 weight straight. On one float32 core of an Intel Xeon (family 6 model 207) SmolLM2's thirty
 layers of linears took 99 → 79 ms at 32 rows and 111 → 90 ms at 40, and 1.0× at a trainer's
 256–800 rows; the engine's whole decode 1.12× faster at 32 rows and 1.13× at 40 and 64
-(`benchmarks/input_major.py`; benchmarks/RESULTS.md, 2026-12-06 (evening)). In bfloat16 it
+(benchmarks/RESULTS.md, 2026-12-06 (evening); its script retired, at `4815446`). In bfloat16 it
 measured no better, so only float32 weights change. The outputs are the same products:
 bit-identical at 32 rows and more on the machine measured, within float rounding at a handful
 of rows, where the BLAS may pick another kernel. Not measured on AMD's CPUs.

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from asyncrl.bitsandbytes_import import quiet_bitsandbytes_import
 from asyncrl.config.base import ConfigError
 from asyncrl.config.export import ExportConfig
 from asyncrl.fs import OutputRefused, output_directory, write_output_marker
@@ -102,7 +103,8 @@ def merged_model(config: ExportConfig, broadcast: Path) -> tuple[torch.nn.Module
             "`<output_dir>/run_<name>/broadcasts/step_N` with its configs/train.yaml, and its "
             "adapter_config.json names none): set base_model"
         )
-    from peft import PeftModel
+    with quiet_bitsandbytes_import():  # peft imports bitsandbytes where it is installed
+        from peft import PeftModel
 
     logger.info("export: merging the LoRA adapter %s onto %s", broadcast, base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, trust_remote_code=trust)

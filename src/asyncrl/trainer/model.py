@@ -16,6 +16,7 @@ from typing import TypeVar
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from asyncrl.bitsandbytes_import import quiet_bitsandbytes_import
 from asyncrl.config.training import TrainingConfig
 from asyncrl.log import get_logger
 from asyncrl.models.attention_layers import check_attention_layers
@@ -82,7 +83,8 @@ def load_model(config: TrainingConfig, dense_mask: bool = False) -> torch.nn.Mod
         model.gradient_checkpointing_enable()
     if not config.lora:
         return model
-    from peft import LoraConfig, get_peft_model
+    with quiet_bitsandbytes_import():  # peft imports bitsandbytes where it is installed
+        from peft import LoraConfig, get_peft_model
 
     lora_config = LoraConfig(
         r=config.lora_rank,

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from asyncrl.bitsandbytes_import import quiet_bitsandbytes_import
 from asyncrl.config.base import ConfigError
 from asyncrl.config.training import TrainingConfig
 
@@ -23,7 +24,8 @@ def build_optimizer(model: torch.nn.Module, config: TrainingConfig) -> torch.opt
     ]
     if config.optimizer == "adamw_8bit":
         try:
-            import bitsandbytes  # type: ignore[import-not-found]
+            with quiet_bitsandbytes_import():
+                import bitsandbytes  # type: ignore[import-not-found]
         except ImportError as error:
             raise ConfigError(
                 "`optimizer: adamw_8bit` needs bitsandbytes (and a GPU); "

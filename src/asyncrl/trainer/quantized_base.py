@@ -26,11 +26,11 @@ trainer publishes once (`transport/served_base.py`): the same weights the traine
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import torch
 
+from asyncrl.bitsandbytes_import import quiet_bitsandbytes_import
 from asyncrl.config.base import ConfigError
 from asyncrl.config.training import TrainingConfig
 from asyncrl.log import get_logger
@@ -102,13 +102,9 @@ def base_quantization(
 
 
 def _need_bitsandbytes() -> None:
-    # On an AVX512-BF16 CPU, importing bitsandbytes tries `kernels` (a package that fetches
-    # compiled code from the Hugging Face hub) for a faster 4-bit CPU matmul, and without it
-    # logs a warning that recommends installing it. asyncrl does not fetch code at run time,
-    # and the training path (float32 or bf16 dequantize-then-matmul) never uses that kernel.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     try:
-        import bitsandbytes  # noqa: F401
+        with quiet_bitsandbytes_import():  # its hub-kernel warning: not a path asyncrl takes
+            import bitsandbytes  # noqa: F401
     except ImportError as error:
         raise ConfigError(
             "`qlora_bnb` needs bitsandbytes: `pip install 'asyncrl[qlora]'` (its wheel runs NF4 "
