@@ -1,9 +1,10 @@
-"""Issue 60 (5) and 86 (1, 2) on a real vLLM: keyed as a run's server is (by the key the run's
-secret gives `VLLM_API_KEY`, which nobody set), every route but /health, /version and /metrics
-needs it (vLLM's own key guards `/v1` only; asyncrl's guard, handed to vLLM as `--middleware`,
-covers the development routes too), the key is in no vLLM process's environment (it reaches
-the guard over a socket), and the worker extension reloads only from under `weight_roots`:
-a path elsewhere is refused and the served weights stay as they were. The unit tests
+"""Issue 60 (5), 85 (1) and 86 (1, 2) on a real vLLM: keyed as a run's server is (by the key the
+run's secret gives `VLLM_API_KEY`, which nobody set), every route but /health, /version and
+/metrics needs it (vLLM's own key guards `/v1` only; asyncrl's guard, handed to vLLM as
+`--middleware`, covers the development routes too), the key is in no vLLM process's environment
+(it reaches the guard over a socket), and the worker extension reloads only from under
+`weight_roots`: a path elsewhere is refused and the served weights stay as they were; a version
+the trainer wrote is checked against its manifest before vLLM's reload sees it. The unit tests
 (`tests/unit/inference/test_server_access.py`) check every piece without vLLM; this checks that
 vLLM takes them as meant."""
 
@@ -15,6 +16,9 @@ from typing import Any
 import httpx
 import pytest
 from tests.contract.conftest import running, tiny_model
+from tests.unit.inference.weight_versions import flip_bit, publish, route, trained
+
+from asyncrl.transport.weights.manifest import read_manifest
 
 from asyncrl.run_secret import server_key
 
@@ -23,6 +27,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
 SECRET = "contract-access-run-secret-0123456789"
 KEY = server_key("VLLM_API_KEY", {"ASYNCRL_RUN_SECRET": SECRET})
 WITH_KEY = {"Authorization": f"Bearer {KEY}"}
+TENSOR = "model.layers.1.mlp.up_proj.weight"
 
 
 def environments_holding(text: str) -> list[str]:
@@ -93,3 +98,29 @@ def test_a_keyed_vllm_guards_every_route_and_reloads_only_from_its_roots(
         )  # fmt: skip
         assert loaded.status_code == 200, loaded.text
         assert first_logprobs(url, engine.model) != before
+
+        # a version the trainer wrote, with its manifest: a bit flipped in the files never
+        # reaches vLLM (read twice, refused naming the tensor); the intact one is loaded and
+        # the worker says which trainer fingerprint it checked
+        files = route(base, root / "weights" / "run")
+        version = publish(files, 2, trained(base, seed=6))
+        manifest = read_manifest(version)
+        assert manifest is not None
+        flip_bit(version / "model.safetensors", TENSOR)
+        served = first_logprobs(url, engine.model)
+        damaged = httpx.post(
+            rpc, headers=WITH_KEY, timeout=120,
+            json={"method": "asyncrl_reload_weights", "kwargs": {"weights_path": str(version)}},
+        )  # fmt: skip
+        assert damaged.status_code != 200
+        assert TENSOR in (damaged.text + log.read_text())
+        assert first_logprobs(url, engine.model) == served
+        flip_bit(version / "model.safetensors", TENSOR)  # back as the trainer wrote it
+        checked = httpx.post(
+            rpc, headers=WITH_KEY, timeout=120,
+            json={"method": "asyncrl_reload_weights", "kwargs": {"weights_path": str(version)}},
+        )  # fmt: skip
+        assert checked.status_code == 200, checked.text
+        results = checked.json()["results"]
+        assert [result["verified"] for result in results] == [manifest.fingerprint]
+        assert first_logprobs(url, engine.model) != served

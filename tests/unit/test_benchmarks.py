@@ -72,6 +72,10 @@ COMMAND_LINES: dict[str, tuple[str, dict[str, Any]]] = {
     "faults": ("--trials 12 --weights nccl", {"trials": 12, "weights": "nccl"}),
     "setup_time": ("--seeds 3", {"seeds": 3}),
     "trainer_scaling": ("--preset base --steps 3", {"preset": "base", "steps": 3}),
+    "weight_sync": (
+        "--preset small --steps 2 --lr 1e-5 --dtypes bfloat16 float32",
+        {"preset": "small", "steps": 2, "lr": 1e-5, "dtypes": ["bfloat16", "float32"]},
+    ),
     "qlora": (
         "--repeats 8 --recipes fp32 bf16 --parts memory step_time",
         {"repeats": 8, "recipes": ["fp32", "bf16"], "parts": ["memory", "step_time"]},

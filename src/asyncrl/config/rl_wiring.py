@@ -52,9 +52,10 @@ SHARED_FIELDS: dict[str, list[tuple[str, ...]]] = {
         ]
         for key in _BROADCAST_KEYS
     },
-    "weight_broadcast.inference_world_size": [
-        ("trainer", "weight_broadcast", "inference_world_size")
-    ],
+    **{
+        f"weight_broadcast.{key}": [("trainer", "weight_broadcast", key)]
+        for key in ("inference_world_size", "delta", "served_dtype")
+    },
 }
 
 
@@ -239,6 +240,12 @@ def _connect_roles(data: dict[str, Any]) -> None:
     if isinstance(client, dict) and "base_url" not in client:
         client["base_url"] = [f"http://{host}:{inference.get('port', 8000)}/v1"]
     inference.setdefault("weight_roots", [data["output_dir"]])
+    if isinstance(trainer, dict) and isinstance(
+        broadcast := trainer.get("weight_broadcast", {}), dict
+    ):
+        # the trainer checksums (and makes deltas) at the precision the servers serve in
+        broadcast.setdefault("served_dtype", inference.get("dtype", "auto"))
+        trainer["weight_broadcast"] = broadcast
     if isinstance(trainer, dict):
         served = trainer.get("qlora_served_base") == "dequantized"
         if served and data.get("deployment") != "colocated":  # colocated: synced in memory

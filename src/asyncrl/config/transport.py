@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, field_validator
 
 from asyncrl.config.base import StrictModel
 
@@ -45,3 +45,24 @@ class WeightBroadcastConfig(StrictModel):
     inference_world_size: int = Field(
         1, ge=1, description="(nccl) Number of inference servers receiving the weights."
     )
+    delta: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Send a full-weights version as what changed since the version before "
+        "(the XOR of each changed tensor's bits, compressed) to servers that hold that one; "
+        "others get the full version. `auto`: when the servers serve a narrower dtype than the "
+        "trainer holds (bfloat16 of float32 weights changes few values a step) and the delta "
+        "is under half the full size; `on`: always; `off`: never. LoRA sends its adapter.",
+    )
+    served_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="The dtype the servers serve in, which the trainer's per-tensor checksums "
+        "and deltas are made at (`asyncrl rl` sets it from `inference.dtype`; `auto` resolves "
+        "as the servers' `dtype: auto` does on this machine). A server serving another dtype "
+        "still checks what it loads, and gets full versions.",
+    )
+
+    @field_validator("delta", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, value: object) -> object:
+        """YAML 1.1 reads a bare `on`/`off` as a boolean."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value

@@ -18,6 +18,7 @@ from asyncrl.inference.metrics import render_metrics
 from asyncrl.inference.served_model import ServedModel, WeightInfo
 from asyncrl.inference.weights import WeightLoadError
 from asyncrl.log import get_logger
+from asyncrl.transport.weights.manifest import WeightsMismatch
 from asyncrl.transport.weights.route import WeightIntake
 from asyncrl.types import PauseMode
 
@@ -47,7 +48,7 @@ def open_router(served: ServedModel, receiver: WeightIntake | None) -> APIRouter
 
     @router.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(served.engine, served.name))
+        return PlainTextResponse(render_metrics(served.engine, served.name, served.weight_reloads))
 
     return router
 
@@ -63,6 +64,8 @@ def control_router(served: ServedModel) -> APIRouter:
         fails again each time (a LoRA delta on the wrong device did on the first GPU run)."""
         try:
             info = await asyncio.to_thread(function, *args)
+        except WeightsMismatch as error:  # read twice, checked twice: not the trainer's weights
+            raise APIError(409, str(error), "WeightsMismatch") from error
         except WeightLoadError as error:
             raise APIError(400, str(error)) from error
         except Exception as error:
@@ -125,6 +128,12 @@ def _info(info: WeightInfo) -> dict[str, Any]:
     return {
         "version": info.version,
         "fingerprint": info.fingerprint,
+        "verified": info.verified,
+        "checksum": info.checksum,
+        "dtype": info.dtype,
+        "weight_reloads": info.weight_reloads,
+        "loaded": info.loaded,
+        "bytes_read": info.bytes_read,
         "weight_dir": info.weight_dir,
         "lora_name": info.lora_name,
         "dtype": info.dtype,

@@ -199,10 +199,16 @@ class EngineThread:
             self.borrower = None
 
     def _give_up(self, error: Exception) -> None:
-        self.failure = (
+        self.give_up(
             f"{FAILED_STEPS_BEFORE_GIVING_UP} engine steps in a row failed, the last with "
             f"{type(error).__name__}: {error}"
         )
+
+    def give_up(self, reason: str) -> None:
+        """Stop serving for good (on the engine thread): every request ends as aborted, the
+        server reports `reason` on /health and its process exits, for a supervisor to
+        restart it. For a failure that generating on would hide (weights it cannot trust)."""
+        self.failure = reason
         logger.error("the engine gives up: %s", self.failure)
         if self.on_failure is not None:
             self.on_failure(self.failure)

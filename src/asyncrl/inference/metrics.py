@@ -5,7 +5,7 @@ from __future__ import annotations
 from asyncrl.inference.serving_engine import ServingEngine
 
 
-def render_metrics(engine: ServingEngine, model_name: str) -> str:
+def render_metrics(engine: ServingEngine, model_name: str, weight_reloads: int = 0) -> str:
     running, waiting = engine.load()
     cached, hits = engine.prefix_cache_counts()
     label = f'{{model_name="{model_name}"}}'
@@ -49,5 +49,9 @@ def render_metrics(engine: ServingEngine, model_name: str) -> str:
         "# HELP asyncrl:is_paused 1 while generation is paused.",
         "# TYPE asyncrl:is_paused gauge",
         f"asyncrl:is_paused{label} {int(engine.is_paused)}",
+        "# HELP asyncrl:weight_reloads_total Weight loads read again because what arrived did "
+        "not match the trainer's checksums (a delta that did not apply counts once).",
+        "# TYPE asyncrl:weight_reloads_total counter",
+        f"asyncrl:weight_reloads_total{label} {weight_reloads}",
     ]
     return "\n".join(lines) + "\n"

@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_safetensors
 
 from asyncrl.inference.int8_linears import requantize
 from asyncrl.inference.weight_roots import WeightLoadError, resolve_under_roots
+from asyncrl.transport.fingerprint import tensor_checksums
+from asyncrl.transport.weights.manifest import check_checksums
 
 
 def weight_directory(path: str, roots: list[str]) -> Path:
@@ -37,8 +41,14 @@ def weight_directory(path: str, roots: list[str]) -> Path:
     return directory
 
 
+class UnreadableWeights(WeightLoadError):
+    """A weights file that cannot be read whole (truncated, not safetensors)."""
+
+
 def read_safetensors_dir(directory: Path, roots: list[str]) -> dict[str, torch.Tensor]:
-    """All tensors of `model.safetensors`, or of the shards its index names."""
+    """All tensors of `model.safetensors`, or of the shards its index names, in memory of this
+    process: read, not mapped, so a file changed or cut short on disk afterwards cannot change
+    (or, truncated, crash) what the server checked and serves."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
         weight_map = read_json(index, roots).get("weight_map")
@@ -53,10 +63,18 @@ def read_safetensors_dir(directory: Path, roots: list[str]) -> dict[str, torch.T
     for file in files:
         resolved = resolve_under_roots(file, roots)
         try:
-            tensors.update(load_file(resolved))
+            data = resolved.read_bytes()
+            with warnings.catch_warnings():  # the tensors' buffers are bytes: copied on staging
+                warnings.filterwarnings("ignore", message="The given buffer is not writable")
+                tensors.update(load_safetensors(data))
         except (SafetensorError, OSError) as error:
-            raise WeightLoadError(f"{file}: cannot read safetensors ({error})") from error
+            raise UnreadableWeights(f"{file}: cannot read safetensors ({error})") from error
     return tensors
+
+
+def files_bytes(directory: Path) -> int:
+    """Bytes of the weights files a full load reads."""
+    return sum(f.stat().st_size for f in directory.glob("*.safetensors"))
 
 
 def read_json(file: Path, roots: list[str]) -> dict[str, Any]:
@@ -122,11 +140,15 @@ class LoraAdapter:
 
 
 def read_lora_adapter(
-    name: str, directory: Path, model: torch.nn.Module, roots: list[str]
+    name: str,
+    directory: Path,
+    model: torch.nn.Module,
+    roots: list[str],
+    expected: Mapping[str, str] | None = None,
 ) -> LoraAdapter:
     """Read a PEFT adapter directory into per-weight factors for this model, every one checked
-    (rank, shapes, finite values, a merged weight that stays finite) before the caller changes
-    anything."""
+    (rank, shapes, finite values, a merged weight that stays finite; with `expected`, the
+    trainer's checksum of each tensor as saved) before the caller changes anything."""
     config_file = directory / "adapter_config.json"
     if not config_file.exists():
         raise WeightLoadError(f"{directory}: no adapter_config.json (not a PEFT adapter)")
@@ -140,6 +162,8 @@ def read_lora_adapter(
         raise WeightLoadError(f"{config_file}: per-module ranks (rank_pattern) are not supported")
     scale = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
     tensors = read_safetensors_dir(directory, roots)
+    if expected is not None:
+        check_checksums(expected, tensor_checksums(tensors.items()), str(directory))
     parameters = dict(model.named_parameters())
     factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     for key, lora_a in tensors.items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from typing import Any, cast
 
 import httpx
@@ -33,7 +34,14 @@ from asyncrl.orchestrator.generation import (
     least_loaded,
     request,
 )
-from asyncrl.transport.broadcast import Broadcast
+from asyncrl.orchestrator.weight_checks import (
+    WeightCounters,
+    WeightsNotServed,
+    load_problem,
+    pushed_problem,
+    warn,
+)
+from asyncrl.transport.broadcast import Broadcast, read_broadcast
 from asyncrl.transport.served_base import ServedBase
 from asyncrl.waiting import Wait
 
@@ -67,6 +75,7 @@ class ClientPool:
         )
         self.servers = [Server(url) for url in config.base_url]
         self._discovery: asyncio.Task[None] | None = None
+        self.weights = WeightCounters()  # how versions reached the servers, for the metrics
 
     # lifecycle -----------------------------------------------------------------------------------
     async def start(self, model_name: str | None) -> None:
@@ -238,12 +247,33 @@ class ClientPool:
 
     def mark_up(self, newest: Broadcast | None) -> None:
         """Servers that are back and now hold the newest weights take work again. One that gets
-        its weights from the trainer itself (NCCL) may still wait for them: it stays back."""
+        its weights from the trainer itself (NCCL) may still wait for them: it stays back, as
+        does one whose pushed weights are not those of the newest version's marker."""
         for server in self.servers:
-            if server.state == "back" and (newest is None or server.version >= newest.step):
+            if server.state != "back":
+                continue
+            behind = newest is not None and server.version < newest.step
+            if not behind and (newest is None or pushed_problem(server, newest) is None):
                 server.state = "up"
 
+    def hold_back_mismatched(self, marker_of: Callable[[int], Broadcast | None]) -> None:
+        """Servers whose weights were pushed to them (NCCL, a colocated trainer) and whose
+        fingerprint is not the one their version's marker (`marker_of(step)`) gives: no work
+        until they hold a version that matches."""
+        for server in self.servers:
+            if server.state != "up":
+                continue
+            problem = pushed_problem(server, marker_of(server.version))
+            if problem is not None:
+                self.weights.mismatch_reloads += 1
+                warn(server, problem, "it takes no work until it holds the trainer's weights")
+                server.state = "back"
+
     async def _load_one(self, server: Server, broadcast: Broadcast, lora_name: str) -> None:
+        """Load `broadcast` into the server and take its word that it holds it (`verified`:
+        the fingerprint it checked the weights against). Other weights are loaded once more
+        (a restarted trainer may have written the step again meanwhile); twice wrong, or
+        refused as not the trainer's, stops the run naming the server and what differed."""
         api = await self.api(server)
         if broadcast.pushed:  # the server received it from the trainer itself
             server.version = await api.version() or server.version
@@ -253,18 +283,47 @@ class ClientPool:
                 "%s leaves weights version %d, withdrawn by a trainer that resumed from an "
                 "earlier checkpoint, for version %d", server.root, server.version, broadcast.step,
             )  # fmt: skip
+        for attempt in range(2):
+            info = await self._load_paused(api, broadcast, lora_name)
+            self.weights.record(server, info)
+            problem = load_problem(broadcast, info)
+            if problem is None:
+                break
+            again = read_broadcast(broadcast.path)  # the same step, written again since?
+            if again is not None and load_problem(again, info) is None:
+                broadcast = again
+                break
+            if attempt:
+                raise WeightsNotServed(
+                    f"{server.root} does not hold weights version {broadcast.step} after "
+                    f"loading it twice: {problem}"
+                )
+            self.weights.mismatch_reloads += 1
+            warn(server, problem, "loading it once more")
+        server.version, server.fingerprint = broadcast.step, broadcast.fingerprint
+
+    async def _load_paused(
+        self, api: EngineAPI, broadcast: Broadcast, lora_name: str
+    ) -> dict[str, Any] | None:
+        """One load, generation paused around it when `pause_for_updates` asks for it; a
+        server that refuses the weights as not the trainer's stops the run."""
         pause = self.config.pause_for_updates
         if pause != "none":
             await api.pause(pause)
         try:
             if broadcast.kind == "lora":
-                await api.load_lora(lora_name, str(broadcast.path), broadcast.step)
-            else:
-                await api.load_full(str(broadcast.path), broadcast.step)
+                return await api.load_lora(lora_name, str(broadcast.path), broadcast.step)
+            return await api.load_full(str(broadcast.path), broadcast.step)
+        except RequestRejected as error:
+            if error.status == 409:  # checked twice on the server: the files are not whole
+                raise WeightsNotServed(
+                    f"{api.root} refused weights version {broadcast.step} "
+                    f"({broadcast.path}): {error.said}"
+                ) from error
+            raise
         finally:
             if pause != "none":
                 await api.resume()
-        server.version, server.fingerprint = broadcast.step, broadcast.fingerprint
 
     async def refresh_versions(self) -> None:
         """Ask every server which weights it holds: a trainer may push weights to it without a

@@ -14,7 +14,8 @@ server answers (`identify`), never by `if backend ==` at call sites.
   tracked by the client (SGLang).
 
 vLLM's /weight_info reports a free-form `weight_version` that this client sets after every
-load, so a restarted orchestrator still learns what a running vLLM server holds.
+load (`step`, or `step@fingerprint` when asyncrl's extension checked the weights against the
+trainer's manifest), so a restarted orchestrator still learns what a running vLLM server holds.
 
 Generation is translation only (`generate_call`, `generate_answer`): the request itself, with
 its failover and abort-retry, is `generation.py`'s. Every other call here goes through
@@ -66,6 +67,7 @@ class EngineAPI:
     # the worker method that reloads full weights: asyncrl's extension's unless the server was
     # started without it and the model has no tied head (`startup_checks.check_engine_limits`)
     reload_method: str = "asyncrl_reload_weights"
+    reloads: int = 0  # loads the extension read twice (cumulative, as servers report theirs)
 
     @property
     def root(self) -> str:  # http://host:port
@@ -86,27 +88,48 @@ class EngineAPI:
         return response
 
     async def version(self) -> int | None:
-        """The weights version the server holds, or None when it cannot tell."""
+        """The weights version the server holds, or None when it cannot tell. vLLM's
+        free-form `weight_version` is set by this client (`_set_version`): `step`, with
+        `@fingerprint` when the extension checked the weights, which goes to
+        `server.reported`."""
         info = await self._call("GET", f"{self.root}/weight_info", retries=1)
-        value = str(info.get("weight_version", ""))
-        return int(value) if value.isdigit() else 0
+        step, _, fingerprint = str(info.get("weight_version", "")).partition("@")
+        self.server.reported = fingerprint or None
+        return int(step) if step.isdigit() else 0
 
     async def version_change(self, known: int, timeout: float) -> None:
         """Return once the server holds another version than `known`, or after `timeout`:
         here, only the timeout (vLLM's /weight_info cannot be waited on)."""
         await asyncio.sleep(timeout)
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
+        """Load full weights; returns what the server says it loaded (`version`, `verified`:
+        the trainer's fingerprint it checked them against, `weight_reloads`, ...), or None when
+        it cannot say (vLLM without asyncrl's extension). vLLM: every worker's answer, which
+        must agree."""
         body = {"method": self.reload_method, "kwargs": {"weights_path": weight_dir}}
-        await self._call("POST", f"{self.root}/collective_rpc", body)
+        answer = await self._call("POST", f"{self.root}/collective_rpc", body)
         await self._call("POST", f"{self.root}/reset_prefix_cache")  # cached KV is stale
-        await self._set_version(step)
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not results or not all(isinstance(r, dict) and "verified" in r for r in results):
+            await self._set_version(step)
+            return None
+        verified = {result["verified"] for result in results}
+        info = dict(
+            results[0], version=step, verified=verified.pop() if len(verified) == 1 else None
+        )
+        self.reloads += sum(int(r.get("weight_reloads") or 0) for r in results)
+        info["weight_reloads"] = self.reloads
+        await self._set_version(step, info["verified"])
+        self.server.reported = info["verified"]
+        return info
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
         await self._call("POST", f"{self.base_url}/load_lora_adapter", body)
         await self._call("POST", f"{self.root}/reset_prefix_cache")
         await self._set_version(step)
+        return None
 
     async def pause(self, mode: PauseMode) -> None:
         await self._call("POST", f"{self.root}/pause?mode={mode}")
@@ -118,8 +141,9 @@ class EngineAPI:
         """`request` on this server, with the pool's client."""
         return await request(self.http, self.server, method, url, json, retries)
 
-    async def _set_version(self, step: int) -> None:
-        await self._call("POST", f"{self.root}/update_weight_version", {"new_version": str(step)})
+    async def _set_version(self, step: int, fingerprint: str | None = None) -> None:
+        version = f"{step}@{fingerprint}" if fingerprint else str(step)
+        await self._call("POST", f"{self.root}/update_weight_version", {"new_version": version})
 
 
 @dataclass
@@ -131,6 +155,7 @@ class EmbeddedAPI(EngineAPI):
 
     async def version(self) -> int | None:
         info = await self._call("GET", f"{self.root}/weight_info", retries=1)
+        self.server.reported = info.get("fingerprint") if not info.get("lora_name") else None
         return int(info["version"])
 
     async def version_change(self, known: int, timeout: float) -> None:
@@ -138,13 +163,18 @@ class EmbeddedAPI(EngineAPI):
         url = f"{self.root}/weight_info?changed_from={known}&wait={timeout:.3f}"
         await self._call("GET", url, retries=1)
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
         body = {"weight_dir": weight_dir, "version": step}
-        await self._call("POST", f"{self.root}/update_weights", body)
+        info: dict[str, Any] = await self._call("POST", f"{self.root}/update_weights", body)
+        self.server.reported = info.get("fingerprint")
+        return info
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         body = {"lora_name": name, "lora_path": path, "load_inplace": True}
-        await self._call("POST", f"{self.base_url}/load_lora_adapter?version={step}", body)
+        url = f"{self.base_url}/load_lora_adapter?version={step}"
+        info: dict[str, Any] = await self._call("POST", url, body)
+        self.server.reported = None  # merged with the adapter: not the marker's fingerprint
+        return info
 
 
 SGLANG_PAUSE_MODES = {"abort": "abort", "keep": "in_place"}
@@ -192,15 +222,16 @@ class SGLangAPI(EngineAPI):
     async def version(self) -> int | None:
         return None
 
-    async def load_full(self, weight_dir: str, step: int) -> None:
+    async def load_full(self, weight_dir: str, step: int) -> dict[str, Any] | None:
         result = await self._call(
             "POST", f"{self.root}/update_weights_from_disk", {"model_path": weight_dir}
         )
         if not result.get("success", False):
             raise RuntimeError(f"SGLang refused weights {weight_dir}: {result.get('message')}")
         await self._call("POST", f"{self.root}/flush_cache")
+        return None
 
-    async def load_lora(self, name: str, path: str, step: int) -> None:
+    async def load_lora(self, name: str, path: str, step: int) -> dict[str, Any] | None:
         # SGLang has no in-place reload: replace the adapter under the same name
         with contextlib.suppress(RuntimeError):  # nothing loaded under that name yet
             body = {"lora_name": name}
@@ -209,6 +240,7 @@ class SGLangAPI(EngineAPI):
             "POST", f"{self.root}/load_lora_adapter", {"lora_name": name, "lora_path": path}
         )
         await self._call("POST", f"{self.root}/flush_cache")
+        return None
 
     async def pause(self, mode: PauseMode) -> None:
         if mode not in SGLANG_PAUSE_MODES:

@@ -117,6 +117,9 @@ class Server:
     # dequantized base; None: the server's own base)
     base: str | None = None
     instance: str | None = None  # the start identity it answers with, when it gives one
+    # the fingerprint it last reported for what it serves (None: not asked, or cannot say)
+    reported: str | None = None
+    reloads_seen: int = 0  # its count of weight reloads when it last reported one
 
     @property
     def root(self) -> str:

@@ -241,7 +241,8 @@ class Orchestrator:
                     | {"orchestrator/tied_streak": tied.streak}
                     | spans.take("orchestrator")
                     | model_reward_metrics(pools.values())
-                    | self.rejections.metrics(),
+                    | self.rejections.metrics()
+                    | self.clients.weights.take(),
                 )
                 # off the event loop: a zmq send blocks at the high-water mark, a file write
                 # takes a while, and rollouts in flight must keep being collected meanwhile

@@ -17,8 +17,13 @@ from asyncrl.config.orchestrator import OrchestratorConfig
 from asyncrl.file_arrival import RECHECK_S, ArrivalWatch
 from asyncrl.log import get_logger
 from asyncrl.orchestrator.client import ClientPool
-from asyncrl.run.layout import broadcasts_dir
-from asyncrl.transport.broadcast import broadcasts_in_use, latest_broadcast
+from asyncrl.run.layout import broadcast_dir, broadcasts_dir
+from asyncrl.transport.broadcast import (
+    Broadcast,
+    broadcasts_in_use,
+    latest_broadcast,
+    read_broadcast,
+)
 from asyncrl.transport.served_base import read_served_base
 from asyncrl.waiting import Wait
 
@@ -40,14 +45,19 @@ class WeightSync:
         version ≥ need (at most `ckpt.wait_for_weights_timeout` seconds). While it
         waits it also asks the servers: a colocated trainer hands them weights without a
         broadcast. A server back from a restart gets the newest weights before any work, and
-        servers whose weights a restarted trainer withdrew go back to its newest broadcast."""
+        servers whose weights a restarted trainer withdrew go back to its newest broadcast. A
+        server whose pushed weights are not its version's (the marker's fingerprint) takes no
+        work until they are."""
         timeout = self.config.ckpt.wait_for_weights_timeout
         key = "orchestrator.ckpt.wait_for_weights_timeout"
         wait = Wait(f"weights version {need} from the trainer", logger, timeout, key=key)
         base_wait = Wait(f"the trainer's served base in {self.run_dir}", logger, timeout, key=key)
+        asked = False
         while True:
-            if self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
+            if not asked or self.clients.oldest_version() < need:  # a cheap GET, every 50 ms
                 await self.clients.refresh_versions()
+                self.clients.hold_back_mismatched(self.marker_of)
+                asked = True
             await self.clients.revive()  # servers that were down and answer again
             if not await self.hold_trainer_base():  # not published yet: the trainer is starting
                 base_wait.check()
@@ -64,6 +74,13 @@ class WeightSync:
                 return
             wait.check()
             await self.weights_may_change()
+
+    def marker_of(self, step: int) -> Broadcast | None:
+        """Version `step`'s record in the broadcasts (None: none, or not readable yet)."""
+        try:
+            return read_broadcast(broadcast_dir(self.run_dir, step))
+        except ValueError:
+            return None
 
     async def weights_may_change(self) -> None:
         """Sleep until a broadcast appears (inotify on `broadcasts/`) or a server reports

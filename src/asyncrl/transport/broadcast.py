@@ -1,8 +1,11 @@
 """Filesystem weight broadcast: `<run_dir>/broadcasts/step_N/` holding a Hugging Face
 checkpoint (full weights) or a PEFT adapter (LoRA), with a `STABLE` marker.
 
-The directory is filled under a temporary name and renamed whole; `STABLE` (JSON: step, kind,
-fingerprint) is written inside it last, so a reader that sees `STABLE` sees complete weights.
+The directory is filled under a temporary name and renamed whole; `MANIFEST.json` (a checksum
+per tensor, `weights/manifest.py`) and, for a full version, perhaps `weights.delta` (what
+changed since the version before, `weights/delta.py`) go in with the weights, and `STABLE`
+(JSON: step, kind, fingerprint) is written inside it last, so a reader that sees `STABLE` sees
+complete weights, and a server checks what it loaded against the manifest.
 Old steps are pruned, keeping the newest `keep` (what `max_async_level` may still ask for),
 but never while the orchestrator has servers loading one: it holds `broadcasts/LOCK` shared
 meanwhile, pruning needs it exclusive and otherwise waits for the next publish (`flock`: local
@@ -26,7 +29,7 @@ from asyncrl.fs import atomic_directory, atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.run.layout import BROADCAST_STABLE, broadcast_dir, broadcasts_dir, broadcasts_lock
 from asyncrl.step_dirs import remove_steps_after, step_dirs
-from asyncrl.transport.fingerprint import weights_fingerprint
+from asyncrl.transport.weights.manifest import Manifest, make_manifest, write_manifest
 
 if TYPE_CHECKING:  # only `publish_weights` takes tensors; the launcher reads markers, without torch
     import torch
@@ -57,29 +60,49 @@ def publish_weights(
     state_dict: dict[str, torch.Tensor] | None = None,
     pushed: bool = False,
     keep_every: int | None = None,
+    manifest: Manifest | None = None,
+    delta: bytes | None = None,
 ) -> Broadcast:
-    """Write the model's weights (or its LoRA adapter) as broadcast `step`; prune old ones.
-    `state_dict`: the full weights when the model itself holds only a shard (FSDP)."""
+    """Write the model's weights (or its LoRA adapter) as broadcast `step`, with its manifest;
+    prune old ones. `state_dict`: the full weights when the model itself holds only a shard
+    (FSDP). `manifest`: made by the caller (with the served dtype's checksums, and `delta`'s
+    base when a delta goes beside the weights); else made here from the tensors saved."""
     is_lora = hasattr(model, "peft_config")
     kind: Literal["full", "lora"] = "lora" if is_lora else "full"
-    names = [name for name, _ in model.named_parameters() if not is_lora or "lora_" in name]
-    if state_dict is None:
-        parameters = dict(model.named_parameters())
-        fingerprint = weights_fingerprint((name, parameters[name]) for name in names)
-    else:  # the names one process saves: a tied head is not a tensor of its own
+    if state_dict is not None:  # the names one process saves: a tied head is not its own tensor
         own = {name for name, _ in model.named_parameters()}
         own |= {name for name, _ in model.named_buffers()}
         state_dict = {name: tensor for name, tensor in state_dict.items() if name in own}
-        fingerprint = weights_fingerprint((name, state_dict[name]) for name in names)
+    if manifest is None:
+        manifest = make_manifest(step, saved_tensors(model, state_dict))[0]
+    fingerprint = manifest.fingerprint
     target = broadcast_dir(run_dir, step)
     with atomic_directory(target) as staging:
         model.save_pretrained(staging, state_dict=state_dict)
+        write_manifest(staging, manifest)
+        if delta is not None and manifest.delta is not None:
+            atomic_write_bytes(staging / manifest.delta.file, delta)
         marker = {"step": step, "kind": kind, "fingerprint": fingerprint, "time": time.time()}
         if pushed:
             marker["pushed"] = True
         atomic_write_bytes(staging / STABLE, json.dumps(marker).encode())
     prune(run_dir, keep, keep_every)
     return Broadcast(step, kind, fingerprint, target, pushed)
+
+
+def saved_tensors(
+    model: torch.nn.Module, state_dict: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """What `save_pretrained` writes, by the names it writes them under: the parameters (a tied
+    head once), or a PEFT model's adapter (PEFT's names, without the adapter's)."""
+    if hasattr(model, "peft_config"):
+        from peft import get_peft_model_state_dict
+
+        return dict(get_peft_model_state_dict(model))
+    if state_dict is None:
+        return {name: parameter.detach() for name, parameter in model.named_parameters()}
+    names = [name for name, _ in model.named_parameters()]
+    return {name: state_dict[name] for name in names}
 
 
 MARKER_ONLY = ("nccl", "pushed")  # kinds whose weights are not in the directory

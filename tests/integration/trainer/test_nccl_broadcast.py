@@ -102,3 +102,119 @@ def test_the_rendezvous_store_listens_on_the_configured_host_only() -> None:
     finally:
         sender.kill()
         sender.wait()
+
+
+TEARING_SENDER = """
+import sys, time, torch
+from transformers import AutoModelForCausalLM
+from asyncrl.transport.nccl_broadcast import WeightSender
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32)
+with torch.no_grad():
+    for parameter in model.parameters():
+        parameter.add_(0.01)
+
+class TearingSender(WeightSender):
+    torn = False
+
+    def _broadcast(self, name, tensor):
+        if not self.torn and name == sys.argv[3]:  # the first transfer arrives damaged
+            self.torn = True
+            tensor = tensor.clone()
+            tensor.view(-1)[0] += 1.0
+        super()._broadcast(name, tensor)
+
+sender = TearingSender("127.0.0.1", int(sys.argv[1]), 1, 60)
+print("fingerprint", sender.send(1, model).fingerprint, flush=True)
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:  # as a trainer waiting for its next batch
+    sender.admit_restarted_servers()
+    time.sleep(0.2)
+"""
+
+
+def test_a_torn_transfer_is_never_served_and_is_sent_again(tiny_model_dir: Path) -> None:
+    """A tensor damaged on the way (here by the sender, after its manifest was made): the server
+    finds it does not check, asks the trainer to send again, and serves only the good copy.
+    It used to install what arrived."""
+    port = free_port()
+    tensor = "model.layers.0.self_attn.v_proj.weight"
+    group = ["--weight_broadcast_port", str(port), "--weight_broadcast_timeout", "60"]
+    with inference_server(
+        tiny_model_dir, "--max_model_len", "256", "--weight_broadcast_type", "nccl", *group
+    ) as url:
+        sender = subprocess.Popen(
+            [sys.executable, "-c", TEARING_SENDER, str(port), str(tiny_model_dir), tensor],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert sender.stdout is not None
+            fingerprint = sender.stdout.readline().split()[-1]
+            deadline = time.monotonic() + 240
+            while (info := httpx.get(f"{url}/weight_info").json())["version"] != 1:
+                assert time.monotonic() < deadline and sender.poll() is None, info
+                time.sleep(0.2)
+            assert info["verified"] == info["fingerprint"] == fingerprint
+            assert info["weight_reloads"] == 1
+            assert httpx.get(f"{url}/health").status_code == 200
+        finally:
+            sender.kill()
+            sender.wait()
+
+
+DELTA_SENDER = """
+import sys, time, torch
+from transformers import AutoModelForCausalLM
+from asyncrl.transport.fingerprint import version_checksum
+from asyncrl.transport.nccl_broadcast import WeightSender
+from asyncrl.transport.weights.delta import DeltaPolicy
+
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], dtype=torch.float32)
+policy = DeltaPolicy("auto", torch.float32, torch.bfloat16)
+sender = WeightSender("127.0.0.1", int(sys.argv[1]), 1, 60, torch.bfloat16, policy)
+generator = torch.Generator().manual_seed(0)
+for step in (1, 2, 3):
+    with torch.no_grad():  # an RL step's size: few bfloat16 roundings move
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 1e-5)
+    manifest = sender.send(step, model)
+    served = version_checksum(manifest.checksums_at(torch.bfloat16))
+    kind = "delta" if sender.outgoing.delta else "full"
+    print("sent", step, kind, manifest.fingerprint, served, flush=True)
+deadline = time.monotonic() + 300
+while time.monotonic() < deadline:
+    sender.admit_restarted_servers()
+    time.sleep(0.2)
+"""
+
+
+def test_bfloat16_versions_after_the_first_go_as_deltas_into_the_server(
+    tiny_model_dir: Path,
+) -> None:
+    """Float32 master weights served in bfloat16 over gloo: version 1 goes whole, 2 and 3 as
+    what changed, and the server serves exactly the trainer's bfloat16 values."""
+    port = free_port()
+    group = ["--weight_broadcast_port", str(port), "--weight_broadcast_timeout", "60"]
+    with inference_server(
+        tiny_model_dir, "--max_model_len", "256", "--dtype", "bfloat16",
+        "--weight_broadcast_type", "nccl", *group,
+    ) as url:  # fmt: skip
+        sender = subprocess.Popen(
+            [sys.executable, "-c", DELTA_SENDER, str(port), str(tiny_model_dir)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert sender.stdout is not None
+            sent = [sender.stdout.readline().split() for _ in range(3)]
+            assert [line[2] for line in sent] == ["full", "delta", "delta"]
+            deadline = time.monotonic() + 120
+            while (info := httpx.get(f"{url}/weight_info").json())["version"] != 3:
+                assert time.monotonic() < deadline and sender.poll() is None, info
+                time.sleep(0.2)
+            assert (info["verified"], info["checksum"]) == (sent[2][3], sent[2][4])
+            assert (info["loaded"], info["dtype"], info["weight_reloads"]) == (
+                "delta", "bfloat16", 0,
+            )  # fmt: skip
+        finally:
+            sender.kill()
+            sender.wait()

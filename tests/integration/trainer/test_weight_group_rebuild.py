@@ -30,8 +30,8 @@ from asyncrl.transport.nccl_broadcast import WeightReceiver
 {MODEL}
 receiver = WeightReceiver("127.0.0.1", int(sys.argv[1]), int(sys.argv[2]), {SERVERS + 1}, 30)
 while True:
-    step, tensors = receiver.receive(model, lambda: False, poll=0.2)
-    print("received", step, tensors["weight"][0, 0].item(), flush=True)
+    received = receiver.receive(model, lambda: False, poll=0.2)
+    print("received", received.step, received.tensors["weight"][0, 0].item(), flush=True)
 """
 
 SENDER = f"""
@@ -182,3 +182,56 @@ def test_with_the_run_secret_a_stranger_on_the_store_changes_nothing(monkeypatch
         for server in servers:
             server.expect("received 2 2.0")
         del stranger
+
+
+DELTA_RECEIVER = f"""
+import sys, torch
+from asyncrl.transport.nccl_broadcast import WeightReceiver
+{MODEL}
+receiver = WeightReceiver("127.0.0.1", int(sys.argv[1]), int(sys.argv[2]), {SERVERS + 1}, 30)
+while True:
+    received = receiver.receive(model, lambda: False, poll=0.2)
+    kind = "full" if received.blobs is None else "delta"
+    print("received", received.step, kind, flush=True)
+"""
+
+DELTA_SENDER = SENDER.replace(
+    f'sender = WeightSender("127.0.0.1", int(sys.argv[1]), {SERVERS}, 60)',
+    "from asyncrl.transport.weights.delta import DeltaPolicy\n"
+    f'sender = WeightSender("127.0.0.1", int(sys.argv[1]), {SERVERS}, 60, '
+    "delta=DeltaPolicy('on', torch.float32, torch.float32))",
+)
+
+
+def test_a_server_restarted_between_two_versions_gets_them_whole_never_a_delta() -> None:
+    """Deltas go only while every member holds the version before: once the group is formed
+    again for a restarted server, the current version and the next go whole."""
+    assert DELTA_SENDER != SENDER
+    with weight_group() as (port, peers):
+        sender = Peer(DELTA_SENDER, port)
+        servers = [Peer(DELTA_RECEIVER, port, rank) for rank in range(1, SERVERS + 1)]
+        peers += [sender, *servers]
+        sender.expect("formed")
+        for step, kind in ((1, "full"), (2, "delta")):
+            sender.tell(f"send {step}")
+            sender.expect("done send")
+            for server in servers:
+                server.expect(f"received {step} {kind}")
+
+        servers[1].kill()
+        servers[1] = Peer(DELTA_RECEIVER, port, 2)
+        peers.append(servers[1])
+        while True:
+            sender.tell("admit")
+            sender.expect("done admit")
+            try:
+                servers[1].expect("received 2 full", timeout=0.5)
+                break
+            except AssertionError:
+                continue
+        servers[0].expect("received 2 full")
+        for step, kind in ((3, "full"), (4, "delta")):
+            sender.tell(f"send {step}")
+            sender.expect("done send")
+            for server in servers:
+                server.expect(f"received {step} {kind}")

@@ -146,6 +146,16 @@ def test_nccl_broadcast_on_the_trainer_switches_the_server_to_receive_it() -> No
     assert config.inference.weight_broadcast_port == 29600
 
 
+def test_the_trainer_checksums_and_makes_deltas_at_the_servers_dtype() -> None:
+    assert rl("--model", "m").trainer.weight_broadcast.served_dtype == "auto"
+    config = rl("--model", "m", "--inference.dtype", "bfloat16", "--weight_broadcast.delta", "on")
+    assert config.trainer.weight_broadcast.served_dtype == "bfloat16"
+    assert config.trainer.weight_broadcast.delta == "on"
+    chosen = rl("--model", "m", "--inference.dtype", "bfloat16",
+                "--weight_broadcast.served_dtype", "float32")  # fmt: skip
+    assert chosen.trainer.weight_broadcast.served_dtype == "float32"
+
+
 def test_colocated_deployment_hands_the_inference_section_to_the_trainer() -> None:
     config = rl("--model", "m", "--deployment", "colocated", "--inference.port", "8124",
                 "--inference.max_num_seqs", "16")  # fmt: skip

@@ -17,9 +17,12 @@ import json
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import save_file
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 from starlette.routing import Route, WebSocketRoute
@@ -262,7 +265,7 @@ def test_the_guard_refuses_to_be_built_without_a_key() -> None:
 def weights(root: Path, name: str) -> Path:
     directory = root / name
     directory.mkdir(parents=True)
-    (directory / "model.safetensors").write_bytes(b"x")
+    save_file({"lm_head.weight": torch.ones(2, 2)}, directory / "model.safetensors")
     return directory
 
 
@@ -300,10 +303,11 @@ class FakeWorker(AsyncrlWorkerExtension):
     """vLLM's worker, as far as the extension uses it."""
 
     def __init__(self) -> None:
-        self.reloaded: list[str] = []
+        self.vllm_config = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.float32))
+        self.reloaded: list[list[str]] = []
 
-    def reload_weights(self, weights_path: str) -> None:
-        self.reloaded.append(weights_path)
+    def reload_weights(self, weights_iterator: Any) -> None:
+        self.reloaded.append([name for name, _ in weights_iterator])
 
     @property
     def model_runner(self) -> Any:  # type: ignore[override]
@@ -324,8 +328,8 @@ def test_a_refused_reload_leaves_vllms_weights_untouched(
     with pytest.raises(WeightLoadError, match="outside the allowed weight roots"):
         worker.asyncrl_reload_weights(str(outside))
     assert worker.reloaded == []
-    assert worker.asyncrl_reload_weights(str(inside)) is False
-    assert worker.reloaded == [str(inside.resolve())]
+    assert worker.asyncrl_reload_weights(str(inside))["tied"] is False
+    assert worker.reloaded == [["lm_head.weight"]]
 
 
 def test_an_extension_that_could_not_reload_says_so_at_start_up(

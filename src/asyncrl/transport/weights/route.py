@@ -28,6 +28,7 @@ import torch
 if TYPE_CHECKING:
     from asyncrl.config.inference import InferenceConfig
     from asyncrl.config.trainer import TrainerConfig
+    from asyncrl.transport.weights.manifest import Manifest
 
 State = dict[str, torch.Tensor] | None  # gathered weights (rank 0 under FSDP), or None: the model's
 
@@ -80,8 +81,30 @@ class WeightTarget(Protocol):
     def model(self) -> torch.nn.Module: ...
 
     def apply_received(
-        self, step: int, tensors: dict[str, torch.Tensor], source: str = ...
-    ) -> object: ...
+        self,
+        step: int,
+        tensors: dict[str, torch.Tensor],
+        source: str = ...,
+        manifest: Manifest | None = ...,
+    ) -> object:
+        """Install version `step`; with the sender's `manifest`, checked against it first
+        (`WeightsMismatch` naming the tensors, nothing installed)."""
+        ...
+
+    def apply_delta(
+        self, step: int, blobs: dict[str, bytes], manifest: Manifest, source: str = ...
+    ) -> object:
+        """Install version `step` from a delta on the version held (`manifest` names its base):
+        `DeltaRefused` when the server does not hold that base."""
+        ...
+
+    def reloaded(self, why: str) -> None:
+        """Count a version asked for again because what arrived did not check."""
+        ...
+
+    def give_up(self, reason: str) -> None:
+        """Stop serving for good (the server's process exits for its supervisor to restart)."""
+        ...
 
 
 class WeightIntake(Protocol):
