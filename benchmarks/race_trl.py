@@ -5,7 +5,8 @@ moment it started this process, so TRL's imports and model load count as asyncrl
 does. Every `--every` steps the policy's weights are saved (as asyncrl keeps its broadcasts),
 with the time since launch; the save is timed and reported apart. A callback times each step's
 parts: generation, scoring, the rest of preparing the batch, training. Stops at `--budget`
-seconds since launch. Writes `snapshots.json` and `decomposition.json` into `--out`. The loss
+seconds since launch. Writes `snapshots.json`, `decomposition.json` and TRL's own per-step
+metrics (`log_history.json`: reward, entropy, frac_reward_zero_std) into `--out`. The loss
 (`--loss-type`, `--epsilon`, `--epsilon-high`) is the workload's, mapped by the race to TRL's name,
 and so are LoRA's rank, alpha and target modules (`--lora-rank`; snapshots are then adapters).
 An environment whose examples end at a stop string (`stop_at_answer`) has TRL's `generate` stop
@@ -142,6 +143,11 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--lora-alpha", type=float, default=32.0)
     parser.add_argument("--lora-targets", nargs="*", default=[])
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--logging-steps", type=int, default=10,
+        help="steps between TRL's own metric records (reward, entropy, frac_reward_zero_std: "
+        "tied groups), kept in `log_history.json`",
+    )  # fmt: skip
     return parser
 
 
@@ -173,7 +179,8 @@ def main() -> None:
         temperature=args.temperature, top_k=0, top_p=1.0, beta=0.0, loss_type=args.loss_type,
         epsilon=args.epsilon, epsilon_high=args.epsilon_high,
         mask_truncated_completions=args.mask_truncated,
-        scale_rewards="none", num_iterations=1, max_steps=1_000_000, logging_steps=10,
+        scale_rewards="none", num_iterations=1, max_steps=1_000_000,
+        logging_steps=args.logging_steps,
         save_strategy="no", report_to="none", seed=args.seed, data_seed=args.seed,
     )  # fmt: skip
     spans = Spans()
@@ -202,6 +209,7 @@ def main() -> None:
     trainer.training_step = spans.timed("training_step", trainer.training_step)
     trainer.train()
     (out / "snapshots.json").write_text(json.dumps(callback.snapshots))
+    (out / "log_history.json").write_text(json.dumps(trainer.state.log_history))
     (out / "decomposition.json").write_text(
         json.dumps({"threads": torch.get_num_threads(), "steps": spans.steps})
     )

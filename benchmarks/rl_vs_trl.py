@@ -70,6 +70,9 @@ WORKLOADS = {
     "smollm2": [SMOLLM2],
     "smollm2-chain-sum-wide": [SMOLLM2, "benchmarks/workloads/chain_sum_wide.yaml"],
     "smollm2-products": [SMOLLM2, "benchmarks/workloads/products.yaml"],
+    # issue 82's two untuned tasks (chosen before any run: benchmarks/RESULTS.md, 2026-12-07)
+    "smollm2-word-reversal": [SMOLLM2, "benchmarks/workloads/word_sequence_reversal.yaml"],
+    "smollm2-leg-counting": [SMOLLM2, "benchmarks/workloads/leg_counting.yaml"],
 }
 SYSTEMS = ("asyncrl", "asyncrl-onpolicy", "trl")
 ONPOLICY = ["--deployment", "colocated", "--max_async_level", "0"]

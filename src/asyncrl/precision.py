@@ -179,14 +179,21 @@ def probe_bf16_slowdown(size: int = PROBE_SIZE, repeats: int = PROBE_REPEATS) ->
     matmul this small split over threads times their wake-ups, while a neighbour's burst that
     lands on one dtype's calls only is outvoted by the other turns. (Best of 3 per dtype, one
     dtype after the other, on every thread, once judged a Zen 4 with AVX512-BF16 1.1× slower in
-    bf16 where other start-ups of the same machine found it 1.8–3.1× faster.)"""
-    generator = torch.Generator().manual_seed(0)
-    base = [torch.randn(size, size, generator=generator) for _ in range(2)]
-    operands = {dtype: [t.to(dtype) for t in base] for dtype in (torch.float32, torch.bfloat16)}
-    best = dict.fromkeys(operands, float("inf"))
+    bf16 where other start-ups of the same machine found it 1.8–3.1× faster.)
+
+    One thread from the first kernel on, operands included: the launcher probes (for the
+    engine's dtype) and then forks the roles, and a single OpenMP parallel region here (the
+    operands' fill and casts ran on every thread) leaves libgomp's worker pool in the launcher,
+    where a forked child that runs on two threads or more waits for those workers forever (a
+    colocated run hung at its engine's first allocation)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        generator = torch.Generator().manual_seed(0)
+        base = [torch.randn(size, size, generator=generator) for _ in range(2)]
+        dtypes = (torch.float32, torch.bfloat16)
+        operands = {dtype: [t.to(dtype) for t in base] for dtype in dtypes}
+        best = dict.fromkeys(operands, float("inf"))
         for left, right in operands.values():
             torch.mm(left, right)
         for _ in range(repeats):

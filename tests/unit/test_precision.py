@@ -124,3 +124,39 @@ def test_resolving_a_config_writes_the_choice_to_the_run_header(
     assert header["precision/recipe"] == "fp32"
     assert header["precision/requested"] == "auto"
     assert "ASYNCRL_NATIVE_BF16=0" in header["precision/reason"]
+
+
+FORK_AFTER_PROBE = """
+import os, sys, time
+import torch
+from asyncrl.precision import probe_bf16_slowdown
+probe_bf16_slowdown()  # what the launcher runs before it forks the roles
+pid = os.fork()
+if pid == 0:  # a role with two threads, as a colocated trainer or a bigger machine's roles have
+    torch.set_num_threads(2)
+    torch.zeros((64, 4, 256, 64)).add_(1.0)
+    (torch.randn(512, 512) @ torch.randn(512, 512)).sum()
+    os._exit(0)
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.1)
+os.kill(pid, 9)
+print("the forked child hung in its first parallel region")
+sys.exit(3)
+"""
+
+
+def test_a_role_forked_after_the_probe_runs_on_several_threads() -> None:
+    """The launcher probes bf16 before it forks the roles: the probe must leave no OpenMP pool
+    behind, or a forked role on two threads or more waits for its workers forever."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", FORK_AFTER_PROBE], capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "OMP_NUM_THREADS": "2"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr

@@ -20,6 +20,8 @@ logger = get_logger(__name__)
 # GSPO's ratio is a per-sequence geometric mean, far closer to 1 than token ratios: the paper
 # clips it at 1 - 3e-4 and 1 + 4e-4 (the token losses' 0.2 would almost never clip)
 GSPO_EPSILON, GSPO_EPSILON_HIGH = 3e-4, 4e-4
+# `trainer.loss` keys of terms the trainer adds to whichever loss is chosen (`trainer/loss.py`)
+EVERY_LOSS_READS = frozenset({"entropy_coef", "entropy_target", "cov_clip_fraction"})
 
 
 class LossConfig(StrictModel):
@@ -98,6 +100,31 @@ class LossConfig(StrictModel):
         description="(clip_against: proximal) Cap of a token's importance weight π_prox/π_inf "
         "(truncated importance sampling; TRL's cap for its vLLM correction is 3).",
     )
+    entropy_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Entropy bonus, every loss: the step's loss minus this × the policy's "
+        "per-token entropy, weighted as the loss weighs its tokens. It keeps the policy from "
+        "collapsing onto one answer per prompt (docs/training.md, When learning stops); above "
+        "0, samples of tied groups are computed too (their entropy has a gradient).",
+    )
+    entropy_target: float | None = Field(
+        None,
+        gt=0,
+        description="With `entropy_coef`: the bonus acts only as the policy's entropy falls "
+        "below this (nats per token, at the sampling temperature): its weight is entropy_coef "
+        "× max(0, 1 − H/target), H the batch's sampled entropy (the mean −log p of its sampled "
+        "tokens, known before the step: nothing to checkpoint). Null: entropy_coef always.",
+    )
+    cov_clip_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Clip-Cov (Cui et al. 2025), every loss: this share of each micro-batch's "
+        "loss tokens, those with the largest covariance (lp − mean lp)·(A − mean A), keep their "
+        "value but lose their gradient: the updates that sharpen an already likely token "
+        "(entropy's main sink) are left out.",
+    )
     dr_grpo_length: Literal["max_tokens", "longest"] = Field(
         "max_tokens",
         description="(dr_grpo) L in the constant normaliser 1/(sequences · L): `max_tokens` = "
@@ -133,7 +160,7 @@ class LossConfig(StrictModel):
                 "`beta` (KL to a reference model) applies to every loss but masked_is, which "
                 "uses `kl_tau` (KL to the inference policy)"
             )
-        reads = loss_spec(self.type).keys_read | {"type"}
+        reads = loss_spec(self.type).keys_read | {"type"} | EVERY_LOSS_READS
         for key in sorted(self.model_fields_set - reads):
             default = type(self).model_fields[key].get_default(call_default_factory=True)
             if getattr(self, key) != default:
@@ -142,6 +169,11 @@ class LossConfig(StrictModel):
                     f"`{key}` does nothing for loss `{self.type}`: it is read by {readers}; "
                     "remove it or choose one of those"
                 )
+        if self.entropy_target is not None and self.entropy_coef == 0.0:
+            raise ValueError(
+                "`entropy_target` sets when the entropy bonus acts; its weight is "
+                "`entropy_coef`, which is 0: set it too"
+            )
         if self.beta > 0 and self.kl_estimator == "k1":
             logger.warning(
                 "loss: `kl_estimator: k1` as a loss term has a gradient of zero in expectation, "

@@ -1,5 +1,6 @@
-"""The combined live view of a run: step, reward, throughput, staleness, ETA — read from
-`metrics.jsonl`, drawn with rich on a terminal and as one log line per step otherwise."""
+"""The combined live view of a run: step, reward, tied groups, entropy, throughput, staleness,
+ETA — read from `metrics.jsonl`, drawn with rich on a terminal and as one log line per step
+otherwise."""
 
 from __future__ import annotations
 
@@ -57,6 +58,10 @@ class LiveView:
         row = {
             "step": f"{step}/{self.max_steps or '∞'} (batches {orch.get('step', 0)})",
             "reward": _fmt(orch.get("orchestrator/reward_mean")),
+            # the share of groups that scored alike (no signal), and the sampler's entropy: both
+            # near their ends (1 and 0) for long is a collapsed policy (docs/training.md)
+            "tied": _fmt(orch.get("orchestrator/zero_advantage_groups"), "{:.2f}"),
+            "entropy": _fmt(orch.get("orchestrator/sampled_entropy"), "{:.3f}"),
             "gen tok/s": _fmt(orch.get("orchestrator/tokens_per_s"), "{:,.0f}"),
             "train tok/s": _fmt(train.get("trainer/tokens_per_s"), "{:,.0f}"),
             "staleness": _fmt(train.get("trainer/max_staleness"), "{:.0f}"),

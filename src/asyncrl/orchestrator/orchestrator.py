@@ -54,6 +54,7 @@ from asyncrl.orchestrator.startup_checks import (
 )
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
+from asyncrl.orchestrator.tied_groups_watch import TiedGroupsWatch
 from asyncrl.orchestrator.token_gate import TokenGate
 from asyncrl.orchestrator.verifiers_group import verifiers_metrics, verifiers_pool
 from asyncrl.orchestrator.weight_sync import WeightSync
@@ -211,6 +212,7 @@ class Orchestrator:
                 config.max_steps,
             )  # fmt: skip
         spans = StepSpans()
+        tied = TiedGroupsWatch()
         try:
             if self.evaluator is not None:  # inside: a cancel here still closes pools, clients
                 await self.evaluator.evaluate_start()
@@ -236,9 +238,14 @@ class Orchestrator:
                 temperature = temperature_at(step, config.max_steps, config.sampling)
                 # the record first: a restart after a crash between the two forgets the record
                 # of a batch never written, and never misses the record of one that was
+                metrics = batch_metrics(step, groups, drops, now - last_batch, temperature)
+                warning = tied.observe(groups, metrics["orchestrator/sampled_entropy"])
+                if warning is not None:
+                    logger.warning("orchestrator: %s", warning)
                 self.metrics.log(
                     step,
-                    batch_metrics(step, groups, drops, now - last_batch, temperature)
+                    metrics
+                    | {"orchestrator/tied_streak": tied.streak}
                     | spans.take("orchestrator")
                     | model_reward_metrics(pools.values())
                     | verifiers_metrics(pools.values(), self.gate)

@@ -31,6 +31,7 @@ def batch_metrics(
         "orchestrator/completion_length": statistics.fmean(lengths),
         "orchestrator/truncated_fraction": statistics.fmean(t for g in groups for t in g.truncated),
         "orchestrator/zero_advantage_groups": statistics.fmean(g.zero_advantage for g in groups),
+        "orchestrator/sampled_entropy": sampled_entropy(groups),
         "orchestrator/rollouts_per_s": len(rewards) / max(elapsed, 1e-9),
         "orchestrator/tokens_per_s": sum(lengths) / max(elapsed, 1e-9),
         "orchestrator/temperature": temperature,
@@ -65,6 +66,24 @@ def batch_metrics(
     metrics.update({f"orchestrator/dropped/{k}": v for k, v in drops.items()})
     metrics.update(episode_metrics(groups))
     return metrics
+
+
+def sampled_entropy(groups: Sequence[Group]) -> float:
+    """The policy's per-token entropy (nats) as the sampler saw it, estimated over every rollout
+    of the batch: the mean of −log p over the sampled tokens, an unbiased estimate of the
+    sampling distribution's entropy (at its temperature, after top-k / top-p), since E[−log p(x)]
+    is H for x drawn from p. Unlike `trainer/entropy` it includes tied groups, which the trainer
+    does not compute, so it shows a collapse the trainer's metric can hide."""
+    total = count = 0.0
+    for group in groups:
+        for sample in group.samples:
+            for logprob, kept in zip(
+                sample.inference_logprobs, sample.completion_mask, strict=True
+            ):
+                if kept:
+                    total -= logprob
+                    count += 1
+    return total / count if count else 0.0
 
 
 def episode_metrics(groups: Sequence[Group]) -> dict[str, float]:

@@ -36,7 +36,9 @@ from asyncrl.trainer.token_softmax import token_logprob_entropy
 @dataclass(frozen=True)
 class TokenLogprobs:
     logprobs: torch.Tensor  # [T] float32, with grad: log p(token | its prefix) at temperature
-    entropy: torch.Tensor  # [T] float32, detached: entropy of the same distribution
+    # [T] float32: entropy of the same distribution; detached unless asked for with its
+    # gradient (`entropy_grad`, for the loss's entropy term)
+    entropy: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class _Request:
     batch: PackedBatch
     temperature: torch.Tensor | float
     chunk_size: int | None
+    entropy_grad: bool = False
 
 
 FSDP_METHOD = "asyncrl_token_logprobs"
@@ -69,11 +72,12 @@ def _chunk(
     targets: torch.Tensor,
     temperature: torch.Tensor,
     softcap: float | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden)  # [chunk, vocab]
     if softcap is not None:
         logits = torch.tanh(logits.float() / softcap) * softcap
-    return token_logprob_entropy(logits, targets, temperature)
+    return token_logprob_entropy(logits, targets, temperature, entropy_grad)
 
 
 def completion_logprobs(
@@ -81,13 +85,15 @@ def completion_logprobs(
     batch: PackedBatch,
     temperature: torch.Tensor | float = 1.0,
     chunk_size: int | None = 1024,
+    entropy_grad: bool = False,
 ) -> TokenLogprobs:
     """Logprobs of the loss tokens of `batch`, in row-major order.
 
     `temperature` is a scalar or a [rows, seq_len] tensor (each token's sampling temperature).
     `chunk_size=None` computes all logits at once (the reference path for tests).
+    `entropy_grad`: the entropies carry a gradient too (an entropy term in the loss).
     """
-    request = _Request(batch, temperature, chunk_size)
+    request = _Request(batch, temperature, chunk_size, entropy_grad)
     method = getattr(model, FSDP_METHOD, None)
     logprobs, entropy = method(request) if method is not None else _token_logprobs(model, request)
     return TokenLogprobs(logprobs, entropy)
@@ -125,7 +131,7 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
         # one chunk: recomputing it in the backward pass (checkpointing) would hold no less
         # memory at the peak, where its logits and their gradient coexist either way, and would
         # run the head and the entropy twice (a real vocabulary makes that ~6 % of a step)
-        return _chunk(head, hidden, targets, temperatures, softcap)
+        return _chunk(head, hidden, targets, temperatures, softcap, request.entropy_grad)
     pieces = [
         checkpoint(
             _chunk,
@@ -134,6 +140,7 @@ def _token_logprobs(model: torch.nn.Module, request: _Request) -> tuple[torch.Te
             targets[start : start + chunk_size],
             temperatures[start : start + chunk_size],
             softcap,
+            request.entropy_grad,
             use_reentrant=False,
         )
         for start in range(0, targets.shape[0], chunk_size)

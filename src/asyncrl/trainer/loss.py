@@ -9,9 +9,12 @@ The objectives' formulas are in `objectives.py`, the normalisations in `normalis
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+import torch
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.import_path import load_function, load_object
@@ -103,5 +106,35 @@ def loss_named(name: str) -> Loss:
 
 
 def compute_loss(inputs: LossInputs, config: LossConfig) -> LossOutput:
-    """One micro-batch's share of the step's loss under the configured loss."""
-    return loss_named(config.type)(inputs, config)
+    """One micro-batch's share of the step's loss under the configured loss, with the terms
+    every loss may have: Clip-Cov (`cov_clip_fraction`: the tokens of largest covariance
+    between logprob and advantage lose their gradient, `covariance_clipped`) and the entropy
+    bonus where `entropy_coef` > 0: − coef · Σ_t w_t · H_t, the entropies weighted as the loss
+    weighs its tokens (so it is the step's mean entropy under the loss's normalisation)."""
+    if config.cov_clip_fraction > 0.0:
+        inputs = covariance_clipped(inputs, config.cov_clip_fraction)
+    output = loss_named(config.type)(inputs, config)
+    if config.entropy_coef > 0.0:
+        if inputs.entropies is None or not inputs.entropies.requires_grad:
+            raise ValueError("loss.entropy_coef > 0 needs the entropies with their gradient")
+        bonus = (inputs.entropies * inputs.token_weights).sum()
+        output.loss = output.loss - config.entropy_coef * bonus
+    return output
+
+
+def covariance_clipped(inputs: LossInputs, fraction: float) -> LossInputs:
+    """`inputs` with the logprobs of the `fraction` of tokens of largest covariance
+    (lp − mean lp)·(A − mean A) detached: their terms keep their value and lose their gradient.
+    Under policy gradient a token's entropy change goes as −Cov(log π, π·A) (Cui et al. 2025),
+    so these — a likely token reinforced, an unlikely one punished — are the updates that
+    sharpen the policy most; the others (a likely token punished, an unlikely one reinforced)
+    keep it exploring. Means are over the micro-batch's loss tokens."""
+    logprobs = inputs.logprobs
+    count = int(fraction * logprobs.numel())
+    if count == 0:
+        return inputs
+    detached = logprobs.detach()
+    covariance = (detached - detached.mean()) * (inputs.advantages - inputs.advantages.mean())
+    chosen = torch.zeros_like(detached, dtype=torch.bool)
+    chosen[torch.topk(covariance, count).indices] = True
+    return dataclasses.replace(inputs, logprobs=torch.where(chosen, detached, logprobs))

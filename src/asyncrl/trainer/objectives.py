@@ -49,6 +49,9 @@ class LossInputs:
     # [T] the trainer's policy at the start of this batch's updates; None on the first update,
     # where it is the current logprobs themselves (the weights have not moved yet)
     proximal_logprobs: torch.Tensor | None = None
+    # [T] the policy's entropy at each token, with grad when the loss has an entropy term
+    # (`entropy_coef`, added by `compute_loss` to whichever objective runs)
+    entropies: torch.Tensor | None = None
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 from transformers import AutoTokenizer
 
 from asyncrl.checkpoint.layout import checkpoint_dir, prune
-from asyncrl.config.trainer import TrainerConfig
+from asyncrl.config.trainer import LossConfig, TrainerConfig
 from asyncrl.core_lending import lend_for_good, lending, stop_lending
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
@@ -47,7 +47,12 @@ from asyncrl.trainer.parallel import (
 )
 from asyncrl.trainer.reference import build_reference, maybe_sync_reference, reference_logprobs_for
 from asyncrl.trainer.resume import republish_on_resume, resume
-from asyncrl.trainer.step_stats import StepStats, oldest_token_staleness, record_first_pass
+from asyncrl.trainer.step_stats import (
+    StepStats,
+    oldest_token_staleness,
+    record_first_pass,
+    record_last_update,
+)
 from asyncrl.trainer.weights_out import publish_version
 from asyncrl.trainer.zero_advantage import samples_to_compute
 from asyncrl.transport.rollout_transport import batch_receiver
@@ -258,6 +263,12 @@ def train_step(
         stats.step_time = time.perf_counter() - started
         stats.reduce(ranks)
         return stats
+    loss_config = config.loss
+    if loss_config.entropy_target is not None:  # the bonus's weight from this batch's entropy
+        stats.entropy_coef = entropy_weight(micro_batches, loss_config, ranks)
+        loss_config = loss_config.model_copy(update={"entropy_coef": stats.entropy_coef})
+    else:
+        stats.entropy_coef = loss_config.entropy_coef
     # each micro-batch's logprobs under the weights the batch started from: the proximal
     # policy of the updates after the first (`clip_against: proximal`)
     proximal: dict[int, torch.Tensor] = {}
@@ -269,7 +280,10 @@ def train_step(
                     zero_weight_pass(model, config, device)
                 continue
             with precision_context(config.recipe, device):
-                current = completion_logprobs(model, mb.packed, mb.temperature)
+                current = completion_logprobs(
+                    model, mb.packed, mb.temperature,
+                    entropy_grad=config.loss.entropy_coef > 0.0,
+                )  # fmt: skip
             reference_logprobs = reference_logprobs_for(reference, model, mb, config)
             output = compute_loss(
                 LossInputs(
@@ -280,15 +294,21 @@ def train_step(
                     token_weights=mb.token_weights,
                     ref_logprobs=reference_logprobs,
                     proximal_logprobs=proximal.get(index),
+                    entropies=current.entropy,
                 ),
-                config.loss,
+                loss_config,
             )
             if iteration == 0 and config.num_iterations > 1:
                 proximal[index] = current.logprobs.detach()
             output.loss.backward()
             total_loss += output.loss.item()
             if iteration == 0:
-                record_first_pass(stats, mb, current.logprobs.detach(), current.entropy, output)
+                record_first_pass(
+                    stats, mb, current.logprobs.detach(), current.entropy.detach(), output
+                )
+            if iteration == config.num_iterations - 1:
+                before = proximal.get(index)
+                record_last_update(stats, output, current.logprobs.detach(), before)
         for _ in range(passes - len(micro_batches)):
             zero_weight_pass(model, config, device)
         total_loss = reduce_sums({"loss": total_loss}, ranks)["loss"]
@@ -306,3 +326,22 @@ def train_step(
     stats.step_time = time.perf_counter() - started
     stats.reduce(ranks)
     return stats
+
+
+def entropy_weight(micro_batches: list[MicroBatch], loss: LossConfig, ranks: Ranks) -> float:
+    """The entropy bonus's weight for this batch under `entropy_target`: entropy_coef ×
+    max(0, 1 − H/target), H the batch's sampled entropy, the mean −log p of its loss tokens as
+    the server sampled them (every sample is trained when the bonus is on, so these are the
+    whole batch's). Known before the step and a function of the batch alone, so a resumed run
+    weighs each step as the first run did."""
+    sums = reduce_sums(
+        {
+            "nll": sum(float(-mb.inference_logprobs.sum()) for mb in micro_batches),
+            "tokens": sum(mb.num_loss_tokens for mb in micro_batches),
+        },
+        ranks,
+    )
+    if not sums["tokens"] or loss.entropy_target is None:
+        return loss.entropy_coef
+    entropy = sums["nll"] / sums["tokens"]
+    return loss.entropy_coef * max(0.0, 1.0 - entropy / loss.entropy_target)

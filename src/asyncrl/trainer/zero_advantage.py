@@ -32,7 +32,9 @@ def zero_advantage_adds_nothing(loss: LossConfig) -> bool:
     """Whether, under this loss as configured, a token with advantage 0 adds exactly 0 to the
     loss and its gradient."""
     silent = loss_spec(loss.type).silent_when_zero
-    return silent is not None and all(getattr(loss, key, None) == 0.0 for key in silent)
+    if silent is None or loss.entropy_coef != 0.0:  # the entropy term's gradient is everywhere
+        return False
+    return all(getattr(loss, key, None) == 0.0 for key in silent)
 
 
 def carries_gradient(sample: TrainingSample) -> bool:

@@ -23,11 +23,15 @@ from asyncrl.launch.inference_process import free_port
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
 
+from .run_processes import role_marker, signal_running, wait_for_pid
 from .test_rl_launcher import rl_config, survivors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 6
+# the kills come at the server's weights version 3 (past the checkpoint of step 2), or the
+# trainer's step 2: 9 or more steps before the run ends leave the test seconds to act on a busy
+# machine, where 6 left it under one (`run_processes.py`)
+STEPS = 12
 ASYNC_LEVEL = 1
 OFF_POLICY = 2
 
@@ -54,9 +58,9 @@ def wait_for_trainer_step(run_dir: Path, step: int, launcher: subprocess.Popen[s
         time.sleep(0.1)
 
 
-def role_pid(output: Path, role: str) -> int:
-    [line] = [line for line in survivors(str(output)) if f"asyncrl.cli {role} " in line]
-    return int(line.split()[0])
+def role_pid(output: Path, role: str, launcher: subprocess.Popen[str]) -> int:
+    """The pid of the run's `asyncrl <role>`, once it runs."""
+    return wait_for_pid(output, role_marker(role), launcher)
 
 
 def finish_and_audit(launcher: subprocess.Popen[str], output: Path) -> str:
@@ -79,10 +83,11 @@ def test_a_sigkilled_role_is_restarted_and_no_step_is_lost_or_repeated(
     # a server back within the orchestrator's retries (0.5 + 1 + 2 s) is never seen down: its
     # restart is held past them, so that the orchestrator marks it down and revives it
     launcher = start_run(config, backoff=4.0 if role == "infer" else 0.5)
+    pid = role_pid(output, role, launcher)
     wait_for_server_version(config, 3, launcher)  # past the checkpoint of step 2
     if role == "train":  # with the server on weights newer than the trainer's checkpoint
-        served, checkpoint = stop_trainer_ahead_of_its_checkpoint(output, config, launcher)
-    os.kill(role_pid(output, role), signal.SIGKILL)
+        served, checkpoint = stop_trainer_ahead_of_its_checkpoint(pid, output, config, launcher)
+    signal_running(pid, signal.SIGKILL, f"`asyncrl {role}`")
     errors = finish_and_audit(launcher, output)
     assert f"`asyncrl {role}` exited with code -9 (SIGKILL); restart 1 of 3" in errors
     orchestrator_log = (output / "logs" / "orch.log").read_text()
@@ -113,10 +118,11 @@ def test_over_nccl_a_sigkilled_role_rejoins_a_rebuilt_weight_group(
     settings["trainer"]["weight_broadcast"] = {"type": "nccl", "port": free_port(), "timeout": 120}
     config.write_text(yaml.safe_dump(settings))
     launcher = start_run(config)
+    pid = role_pid(output, role, launcher)
     wait_for_server_version(config, 3, launcher)
     if role == "train":
-        served, checkpoint = stop_trainer_ahead_of_its_checkpoint(output, config, launcher)
-    os.kill(role_pid(output, role), signal.SIGKILL)
+        served, checkpoint = stop_trainer_ahead_of_its_checkpoint(pid, output, config, launcher)
+    signal_running(pid, signal.SIGKILL, f"`asyncrl {role}`")
     errors = finish_and_audit(launcher, output)
     assert f"`asyncrl {role}` exited with code -9 (SIGKILL); restart 1 of 3" in errors
     trainer_log = (output / "logs" / "train.log").read_text()
@@ -128,13 +134,12 @@ def test_over_nccl_a_sigkilled_role_rejoins_a_rebuilt_weight_group(
 
 
 def stop_trainer_ahead_of_its_checkpoint(
-    output: Path, config: Path, launcher: subprocess.Popen[str]
+    trainer: int, output: Path, config: Path, launcher: subprocess.Popen[str]
 ) -> tuple[int, int]:
-    """SIGSTOP the trainer at a moment the server holds weights newer than the trainer's
-    last checkpoint: (the server's version, the checkpoint's step)."""
-    trainer = role_pid(output, "train")
+    """SIGSTOP the trainer (pid `trainer`) at a moment the server holds weights newer than the
+    trainer's last checkpoint: (the server's version, the checkpoint's step)."""
     while True:
-        os.kill(trainer, signal.SIGSTOP)
+        signal_running(trainer, signal.SIGSTOP, "`asyncrl train`")
         time.sleep(1.0)  # a load in flight lands
         served = server_version(config)
         checkpoint = max(complete_steps(output / "run_default", ("trainer",)), default=0)
@@ -168,8 +173,9 @@ def test_a_frozen_role_is_killed_and_restarted(tiny_model_dir: Path, tmp_path: P
         tiny_model_dir, output, max_off_policy_steps=OFF_POLICY, ckpt={"interval": 2}
     )
     launcher = start_run(config, hang_timeout=5)
+    orchestrator = role_pid(output, "orch", launcher)
     wait_for_trainer_step(output / "run_default", 2, launcher)
-    os.kill(role_pid(output, "orch"), signal.SIGSTOP)
+    signal_running(orchestrator, signal.SIGSTOP, "`asyncrl orch`")
     errors = finish_and_audit(launcher, output)
     assert "`asyncrl orch` hung (no heartbeat for" in errors
 
@@ -184,25 +190,15 @@ def test_past_its_budget_a_role_stops_the_run(tiny_model_dir: Path, tmp_path: Pa
         [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--max_steps", "1000"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    for _ in range(2):
-        wait_for_trainer_step(output / "run_default", 1, launcher)
-        pid = role_pid(output, "infer")
-        os.kill(pid, signal.SIGKILL)
-        while pid == role_pid_or_none(output, "infer"):
-            time.sleep(0.1)
-        deadline = time.monotonic() + 120
-        while role_pid_or_none(output, "infer") is None and launcher.poll() is None:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+    wait_for_trainer_step(output / "run_default", 1, launcher)
+    first = role_pid(output, "infer", launcher)
+    signal_running(first, signal.SIGKILL, "`asyncrl infer`")
+    restarted = wait_for_pid(output, role_marker("infer"), launcher, other_than=first)
+    signal_running(restarted, signal.SIGKILL, "the restarted `asyncrl infer`")
     _, errors = launcher.communicate(timeout=120)
     assert launcher.returncode == 1
     assert "`asyncrl infer` exited with code -9 (SIGKILL) after 1 restart(s)" in errors
     assert not survivors(str(output))
-
-
-def role_pid_or_none(output: Path, role: str) -> int | None:
-    lines = [line for line in survivors(str(output)) if f"asyncrl.cli {role} " in line]
-    return int(lines[0].split()[0]) if lines else None
 
 
 def test_a_sigkilled_colocated_trainer_comes_back_serving_its_checkpoint(
@@ -215,8 +211,9 @@ def test_a_sigkilled_colocated_trainer_comes_back_serving_its_checkpoint(
     settings |= {"deployment": "colocated", "max_async_level": 0}
     config.write_text(yaml.safe_dump(settings))
     launcher = start_run(config)
+    trainer = role_pid(output, "train", launcher)
     wait_for_server_version(config, 3, launcher)
-    os.kill(role_pid(output, "train"), signal.SIGKILL)
+    signal_running(trainer, signal.SIGKILL, "`asyncrl train`")
     _, errors = launcher.communicate(timeout=600)
     assert launcher.returncode == 0, errors[-3000:]
     audit = audit_run(output / "run_default", STEPS, 0, 0)

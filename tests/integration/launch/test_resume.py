@@ -4,7 +4,6 @@ half-written left behind."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -16,11 +15,12 @@ import pytest
 from asyncrl.monitor.metrics import read_metrics
 from asyncrl.transport.broadcast import stable_steps
 
+from .run_processes import role_marker, signal_running, wait_for_pid
 from .test_rl_launcher import rl_config, survivors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 8
+STEPS = 12  # the trainer is killed past step 4: 8 steps before the run ends (`run_processes.py`)
 
 
 def rl(config: Path, *extra: str) -> list[str]:
@@ -35,6 +35,7 @@ def test_sigkilled_trainer_resumes_with_every_step_exactly_once(
     run_dir = output / "run_default"
     config = rl_config(tiny_model_dir, output, ckpt={"interval": 2})
     launcher = subprocess.Popen(rl(config), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    trainer = wait_for_pid(output, role_marker("train"), launcher)
     checkpoint = run_dir / "checkpoints" / "step_4"
     deadline = time.monotonic() + 300
     while not all(
@@ -42,8 +43,7 @@ def test_sigkilled_trainer_resumes_with_every_step_exactly_once(
     ):
         assert launcher.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    trainer = [line for line in survivors(str(output)) if "asyncrl.cli train" in line]
-    os.kill(int(trainer[0].split()[0]), signal.SIGKILL)
+    signal_running(trainer, signal.SIGKILL, "`asyncrl train`")
     _, errors = launcher.communicate(timeout=120)
     assert launcher.returncode == 1 and b"`asyncrl train` exited with code -9" in errors
     assert not survivors(str(output))

@@ -5,7 +5,6 @@ goes on and ends."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -17,12 +16,13 @@ from examples.judges.judge_data import JUDGE_PROMPT
 
 from asyncrl.monitor.metrics import read_metrics
 
+from .run_processes import signal_running, wait_for_pid
 from .test_restarts import wait_for_trainer_step
 from .test_rl_launcher import rl_config, survivors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-STEPS = 6
+STEPS = 10  # the judge is killed past the trainer's step 2: 8 steps before the run ends
 JUDGE_TERM = {
     "type": "judge", "name": "judge", "weight": 0.5, "read": "verdict", "prompt": JUDGE_PROMPT,
     "verdicts": {"y": 1.0, "n": 0.0}, "retries": 0, "timeout": 10,
@@ -48,9 +48,9 @@ def test_rl_starts_a_judge_that_scores_beside_the_rubric_and_is_restarted_when_k
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
+        judge = wait_for_pid(output, "judge.yaml", launcher)
         wait_for_trainer_step(output / "run_default", 2, launcher)
-        [judge] = [line for line in survivors(str(output)) if "judge.yaml" in line]
-        os.kill(int(judge.split()[0]), signal.SIGKILL)  # the judge goes down mid-run
+        signal_running(judge, signal.SIGKILL, "the judge")  # the judge goes down mid-run
         _, errors = launcher.communicate(timeout=600)
     finally:
         if launcher.poll() is None:

@@ -23,6 +23,7 @@ from asyncrl.monitor.metrics import read_metrics
 from asyncrl.monitor.run_audit import audit_run
 from asyncrl.transport.batches import read_batch
 
+from .run_processes import signal_running
 from .test_rl_launcher import survivors
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -275,22 +276,23 @@ def test_a_killed_trainer_rank_restarts_every_rank_from_the_checkpoint(
     checkpoint (written by two ranks, resharded on load) and every step lands exactly once."""
     output = tmp_path / "restarted"
     config = ray_config(tiny_model_dir, output)
+    steps = 10  # rank 1 dies past the trainer's step 3: 7 steps before the run ends
     command = [sys.executable, "-m", "asyncrl.cli", "rl", str(config), "--ray.address",
                ray_cluster.address, "--orchestrator.ckpt.interval", "2",
-               "--restart.backoff", "0.5"]  # fmt: skip
+               "--restart.backoff", "0.5", "--max_steps", str(steps)]  # fmt: skip
     launcher = start_until_first_step(command, output, ray_cluster.env)
+    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
     metrics = output / "run_default" / "metrics.jsonl"
     deadline = time.monotonic() + 300
     while max((r["step"] for r in read_metrics(metrics, role="trainer")), default=0) < 3:
         assert time.monotonic() < deadline and launcher.poll() is None
         time.sleep(0.2)
-    roles = {r["label"]: r for r in json.loads((output / "logs" / "roles.json").read_text())}
-    os.kill(roles["train-1"]["role_pid"], signal.SIGKILL)
+    signal_running(roles["train-1"]["role_pid"], signal.SIGKILL, "trainer rank 1")
     _, stderr = launcher.communicate(timeout=600)
     message = stderr.decode()
     assert launcher.returncode == 0, message[-3000:]
     assert "the trainer's ranks exited with code -9 (SIGKILL); restart 1 of 3" in message
-    audit = audit_run(output / "run_default", STEPS, ASYNC_LEVEL, 2)
+    audit = audit_run(output / "run_default", steps, ASYNC_LEVEL, 2)
     assert not audit.problems, audit.problems
     assert "resumed from the checkpoint of step" in (output / "logs" / "train-0.log").read_text()
     assert not survivors(str(output))

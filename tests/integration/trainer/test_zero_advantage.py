@@ -116,10 +116,12 @@ def test_a_batch_without_signal_steps_the_optimizer_as_before(tiny_model_dir: Pa
     assert any(not torch.equal(skipped[n], after_first[n]) for n in after_first)
 
 
-def test_a_kl_term_or_a_users_loss_computes_every_sample() -> None:
+def test_a_kl_term_an_entropy_term_or_a_users_loss_computes_every_sample() -> None:
     batch = batch_with_silent_groups({0, 1})
     everything = list(range(8))
     assert samples_to_compute(batch, LossConfig(type="grpo_clip", beta=0.1)) == everything
+    # a tied group's tokens have an entropy gradient: the bonus must reach them too
+    assert samples_to_compute(batch, LossConfig(type="grpo_clip", entropy_coef=0.01)) == everything
     assert samples_to_compute(batch, LossConfig(type="masked_is", kl_tau=0.1)) == everything
     custom = LossConfig.model_construct(type="tests.unit.trainer.reinforce_loss:reinforce")
     assert samples_to_compute(batch, custom) == everything  # says nothing: all computed

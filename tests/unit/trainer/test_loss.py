@@ -304,3 +304,103 @@ def test_micro_batches_sum_to_the_whole_step(loss_type: str) -> None:
         start += size
     assert total.item() == pytest.approx(whole, abs=1e-9)
     assert torch.allclose(torch.cat(grads), whole_grad, atol=1e-9)
+
+
+@pytest.mark.parametrize("loss_type", list(NORMALISATION))
+def test_entropy_bonus_is_the_loss_minus_coef_times_the_weighted_entropy(loss_type: str) -> None:
+    """`entropy_coef` adds − coef · Σ_t w_t H_t to every loss, weighted by the loss's own
+    normalisation (by hand: per sequence mean entropy over sequences for the sequence-mean
+    losses, token mean else), and its gradient reaches the entropies; the policy term is
+    unchanged."""
+    data = case(seed=4, spread=0.2)
+    entropies = torch.rand(sum(LENGTHS), generator=torch.Generator().manual_seed(5),
+                           dtype=torch.float64) * 2  # fmt: skip
+    plain = LossConfig(type=loss_type)
+    with_bonus = LossConfig(type=loss_type, entropy_coef=0.05)
+    lengths = torch.tensor(LENGTHS)
+    weights = sequence_weights(
+        NORMALISATION[loss_type], lengths, sum(LENGTHS), len(LENGTHS), max(LENGTHS)
+    ).repeat_interleave(lengths)
+
+    def run(config: LossConfig) -> tuple[float, torch.Tensor, torch.Tensor]:
+        logprobs = data["lp"].clone().requires_grad_(True)
+        entropy = entropies.clone().requires_grad_(True)
+        inputs = LossInputs(
+            logprobs=logprobs, inference_logprobs=data["inf"], advantages=data["adv"],
+            sequence_ids=torch.arange(len(LENGTHS)).repeat_interleave(lengths),
+            token_weights=weights, ref_logprobs=data["ref"], entropies=entropy,
+        )  # fmt: skip
+        loss = compute_loss(inputs, config).loss
+        loss.backward()
+        return loss.item(), logprobs.grad, entropy.grad  # type: ignore[return-value]
+
+    base, base_grad, no_entropy_grad = run(plain)
+    value, grad, entropy_grad = run(with_bonus)
+    if NORMALISATION[loss_type] == "sequence":
+        by_hand = sum(float(entropies[t].sum()) / len(t) for t in map(torch.tensor, sequences()))
+        by_hand /= len(LENGTHS)
+    elif NORMALISATION[loss_type] == "token":
+        by_hand = float(entropies.sum()) / sum(LENGTHS)
+    else:  # constant: sequences · max_tokens (here the longest)
+        by_hand = float(entropies.sum()) / (len(LENGTHS) * max(LENGTHS))
+    assert value == pytest.approx(base - 0.05 * by_hand, abs=1e-9)
+    assert torch.allclose(grad, base_grad, atol=1e-12)
+    assert no_entropy_grad is None
+    assert torch.allclose(entropy_grad, -0.05 * weights, atol=1e-12)
+
+
+def test_entropy_bonus_without_differentiable_entropies_is_refused() -> None:
+    data = case(seed=4, spread=0.2)
+    lengths = torch.tensor(LENGTHS)
+    inputs = LossInputs(
+        logprobs=data["lp"].clone().requires_grad_(True), inference_logprobs=data["inf"],
+        advantages=data["adv"], sequence_ids=torch.arange(len(LENGTHS)).repeat_interleave(lengths),
+        token_weights=torch.ones(sum(LENGTHS), dtype=torch.float64),
+        entropies=torch.rand(sum(LENGTHS), dtype=torch.float64),
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="entropy_coef"):
+        compute_loss(inputs, LossConfig(type="grpo_clip", entropy_coef=0.01))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo_clip", "masked_is", "cispo"])
+def test_covariance_clipping_removes_the_gradient_of_the_top_covariance_tokens(
+    loss_type: str,
+) -> None:
+    """Clip-Cov by hand: the ⌊fraction·T⌋ tokens of largest (lp − mean lp)(A − mean A) keep
+    their term's value and get no gradient; every other token's gradient is unchanged."""
+    data = case(seed=6, spread=0.1)
+    fraction = 0.3
+    plain_value, plain_grad, _ = ours(data, LossConfig(type=loss_type))
+    value, grad, _ = ours(data, LossConfig(type=loss_type, cov_clip_fraction=fraction))
+    lp, adv = data["lp"], data["adv"]
+    covariance = [(float(lp[t]) - float(lp.mean())) * (float(adv[t]) - float(adv.mean()))
+                  for t in range(len(lp))]  # fmt: skip
+    count = int(fraction * len(lp))
+    chosen = sorted(range(len(lp)), key=lambda t: -covariance[t])[:count]
+    assert count > 0
+    assert value == pytest.approx(plain_value, abs=1e-12)
+    for t in range(len(lp)):
+        expected = 0.0 if t in chosen else float(plain_grad[t])
+        assert float(grad[t]) == pytest.approx(expected, abs=1e-12)
+    assert any(float(plain_grad[t]) != 0.0 for t in chosen)  # it did remove something
+
+
+def test_entropy_weight_follows_the_batchs_sampled_entropy_below_the_target() -> None:
+    from types import SimpleNamespace
+
+    from asyncrl.trainer.parallel import SINGLE_PROCESS
+    from asyncrl.trainer.train import entropy_weight
+
+    def batch(*logprobs: list[float]) -> list[SimpleNamespace]:
+        return [SimpleNamespace(inference_logprobs=torch.tensor(lp), num_loss_tokens=len(lp))
+                for lp in logprobs]  # fmt: skip
+
+    config = LossConfig(type="grpo_clip", entropy_coef=0.2, entropy_target=0.4)
+    # mean −log p over both micro-batches: (0.1 + 0.3 + 0.2) / 3 = 0.2, half the target
+    weight = entropy_weight(batch([-0.1, -0.3], [-0.2]), config, SINGLE_PROCESS)  # type: ignore[arg-type]
+    assert weight == pytest.approx(0.2 * (1 - 0.2 / 0.4))
+    assert entropy_weight(batch([-0.5, -0.7]), config, SINGLE_PROCESS) == 0.0  # type: ignore[arg-type]
+    fixed = LossConfig(type="grpo_clip", entropy_coef=0.2)
+    assert entropy_weight(batch([-0.5]), fixed, SINGLE_PROCESS) == 0.2  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="entropy_coef"):
+        LossConfig(type="grpo_clip", entropy_target=0.4)

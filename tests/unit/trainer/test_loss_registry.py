@@ -13,7 +13,7 @@ import pytest
 
 from asyncrl.config.base import ConfigError
 from asyncrl.config.loading import load_config
-from asyncrl.config.trainer import LossConfig, TrainerConfig
+from asyncrl.config.trainer import EVERY_LOSS_READS, LossConfig, TrainerConfig
 from asyncrl.trainer.loss import (
     BUILT_IN,
     NORMALISATION,
@@ -168,9 +168,12 @@ def test_each_built_in_owns_its_normalisation() -> None:
 
 
 def test_every_loss_key_is_read_by_a_built_in() -> None:
-    """So the refusal of a key always names a loss that would read it."""
+    """So the refusal of a key always names a loss that would read it; the terms added to
+    every loss (the entropy bonus) are read whichever loss is chosen."""
     read = set().union(*(loss.keys_read for loss in BUILT_IN.values()))
-    assert set(LossConfig.model_fields) - read == {"type"}
+    assert set(LossConfig.model_fields) - read == {"type"} | EVERY_LOSS_READS
+    for name in BUILT_IN:
+        LossConfig(type=name, entropy_coef=0.01)  # accepted by each
 
 
 def test_a_users_loss_is_not_run_where_the_config_is_only_validated(
