@@ -59,9 +59,3 @@ class VerifiersConfig(StrictModel):
     max_tasks: int = Field(
         10_000, ge=1, description="Tasks read from the taskset at most (an infinite one too)."
     )
-    address: str | None = Field(
-        None,
-        description="A verifiers environment server (`serve_env`) to run the episodes instead "
-        "of local workers: `ipc://PATH` or `tcp://127.0.0.1:PORT` only, since its protocol has "
-        "no authentication (docs/security.md).",
-    )
