@@ -3,7 +3,7 @@
 `run_episode` hands an episode to the least busy worker (`episodes_per_worker` at once each)
 and waits for its record, for at most `episode_timeout`. Bad input costs that episode, never
 the run; each way it fails is counted by reason (`failures`, reported as
-`orchestrator/verifiers/failed/<reason>`) and logged once, later ones only counted:
+`orchestrator/verifiers/<env>/failed/<reason>`) and logged once, later ones only counted:
 
 - `timeout`: the episode ran past its deadline (an environment or a tool that hangs or loops
   while the event loop runs); the worker cancels it, which stops its tool servers;
