@@ -49,12 +49,19 @@ def play(
     groups: int = 1,
     rollouts: int = 2,
     seed: int | None = 11,
+    rounds: list[list[str]] | None = None,
     **overrides: Any,
 ) -> Played:
-    """`groups` groups (one per train task, in order, round robin) of `rollouts` episodes."""
+    """`groups` groups (one per train task, in order, round robin) of `rollouts` episodes, one
+    after the other; or with `rounds`, one group of each task named (by its name), the groups
+    of a round all at once (as the orchestrator plays groups: a slow episode holds up no other),
+    the rounds one after the other. The groups come back in the order named."""
     config = orchestrator_config(model, server, env, rollouts, **overrides)
     environment = VerifiersEnvironment(EnvConfig(**env), str(model))
     examples = environment.examples("train", 100)
+    if rounds is None:
+        rounds = [[examples[i % len(examples)].info["vf_name"]] for i in range(groups)]
+    by_name = {example.info["vf_name"]: example for example in examples}
 
     async def scenario() -> Played:
         clients = ClientPool(config.client)
@@ -62,14 +69,17 @@ def play(
         gate = TokenGate(clients, config, lambda: str(model))
         pool = VerifiersPool(environment, gate, served_name=str(model))
         await pool.start()
+
+        def group(name: str) -> Any:
+            temperature = config.sampling.temperature
+            request = GroupRequest(Drawn(0, by_name[name]), environment.name, str(model),
+                                   temperature, seed, launch_version=0)  # fmt: skip
+            return run_verifiers_group(request, config, pool, vocab_size=49152)
+
         try:
             played = []
-            for index in range(groups):
-                example = examples[index % len(examples)]
-                temperature = config.sampling.temperature
-                request = GroupRequest(Drawn(0, example), environment.name, str(model),
-                                       temperature, seed, launch_version=0)  # fmt: skip
-                played.append(await run_verifiers_group(request, config, pool, vocab_size=49152))
+            for names in rounds:
+                played += await asyncio.gather(*(group(name) for name in names))
             return Played(played, pool, gate, examples, pool.metrics() | gate.metrics())
         finally:
             await pool.close()
