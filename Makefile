@@ -55,7 +55,7 @@ TEST_STAMP := $(VENV)/.asyncrl-test-installed
 test-deps: $(TEST_STAMP)
 
 $(TEST_STAMP): pyproject.toml constraints.txt scripts/setup.sh scripts/install.sh scripts/torch_source.py
-	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf bash scripts/setup.sh
+	VENV=$(VENV) EXTRAS=dev,ray,trackers,qwen,reasoning-gym,qlora,gguf,verifiers bash scripts/setup.sh
 	touch $(STAMP) $(RAY_STAMP) $(TRACKERS_STAMP) $(REAL_STAMP) $(TEST_STAMP)
 
 # vLLM in a venv of its own, for `inference.backend: vllm` and the engine contract suite

@@ -8,13 +8,19 @@ from pydantic import Field
 
 from asyncrl.config.base import StrictModel
 from asyncrl.config.model_rewards import ModelRewardConfig
+from asyncrl.config.verifiers import VerifiersConfig
 
 
 class EnvConfig(StrictModel):
-    id: str = Field(description="Environment id: a built-in name or `owner/some-env`.")
+    id: str = Field(
+        description="Environment id: a built-in name, `reasoning-gym/<dataset>`, or "
+        "`owner/some-env` (a module with `load_environment`, or a verifiers taskset)."
+    )
     name: str | None = Field(None, description="Human-readable name used in metrics.")
     args: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments for `load_environment`."
+        default_factory=dict,
+        description="Keyword arguments for `load_environment`; for a verifiers environment, "
+        "its env config (`taskset`, the seat `agent`...; the taskset id is `id`).",
     )
     address: str | None = Field(
         None,
@@ -24,6 +30,11 @@ class EnvConfig(StrictModel):
     api_key_var: str = Field(
         "ASYNCRL_ENV_API_KEY",
         description="Environment variable with the API key of the environment server.",
+    )
+    verifiers: VerifiersConfig | None = Field(
+        None,
+        description="How a verifiers environment is run (found by `id` without it; set it to "
+        "change the defaults).",
     )
     model_rewards: list[ModelRewardConfig] = Field(
         default_factory=list,

@@ -1,11 +1,19 @@
 """Resolve an `env.id` to an environment: a built-in name, a reasoning-gym dataset
-(`reasoning-gym/<dataset>`), else the `verifiers` rule (`owner/some-env` -> import module
-`some_env` -> `load_environment(**args)`)."""
+(`reasoning-gym/<dataset>`), a verifiers 0.4 environment (a taskset; `envs/verifiers/`), else
+the rule of verifiers <= 0.3 (`owner/some-env` -> import module `some_env` ->
+`load_environment(**args)`).
+
+A verifiers 0.4 environment is not an asyncrl `Environment`: it plays its own episodes in worker
+processes, and only `asyncrl rl` / `asyncrl orch` run it (`envs/remote.environment_of`). Here it
+is recognised (`envs/verifiers/detect.py`, or after import by its exports) and refused with
+`VerifiersEnvironmentFound`, which says so."""
 
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from asyncrl.config.base import ConfigError
@@ -20,6 +28,7 @@ from asyncrl.envs import (
     reverse_text,
 )
 from asyncrl.envs.base import Environment
+from asyncrl.envs.verifiers.detect import is_verifiers_environment
 
 BUILTIN: dict[str, Callable[..., Any]] = {
     "reverse-text": reverse_text.load_environment,
@@ -37,6 +46,18 @@ class EnvironmentLoadError(ConfigError):
     `asyncrl` exits with code 2, and a launcher does not restart a role for it)."""
 
 
+class VerifiersEnvironmentFound(EnvironmentLoadError):
+    """`env.id` names a verifiers 0.4 environment, which runs its own episodes: the orchestrator
+    runs it (`asyncrl rl`, `asyncrl orch`); commands that score completions in-process do not."""
+
+    def __init__(self, env_id: str) -> None:
+        super().__init__(
+            f"environment `{env_id}` is a verifiers environment: it plays its own episodes, so "
+            "it runs under `asyncrl rl` or `asyncrl orch` (docs/environments.md), not here"
+        )
+        self.env_id = env_id
+
+
 def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environment:
     args = args or {}
     if env_id.startswith(reasoning_gym_tasks.PREFIX):
@@ -47,6 +68,8 @@ def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environ
             raise EnvironmentLoadError(f"environment `{env_id}`: {error}") from error
     if env_id in BUILTIN:
         factory = BUILTIN[env_id]
+    elif is_verifiers_environment(env_id):
+        raise VerifiersEnvironmentFound(env_id)
     else:
         module_name = env_id.split("/")[-1].replace("-", "_")
         try:
@@ -57,6 +80,8 @@ def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environ
                 f"`{module_name}` is not installed ({error})"
             ) from error
         factory = getattr(module, "load_environment", None)
+        if factory is None and exports_verifiers_environment(module):
+            raise VerifiersEnvironmentFound(env_id)
         if factory is None:
             raise EnvironmentLoadError(
                 f"environment `{env_id}`: `{module_name}` has no load_environment"
@@ -71,3 +96,13 @@ def load_environment(env_id: str, args: dict[str, Any] | None = None) -> Environ
         if isinstance(error, EnvironmentLoadError):
             raise
         raise EnvironmentLoadError(f"environment `{env_id}`: {error}") from error
+
+
+def exports_verifiers_environment(module: ModuleType) -> bool:
+    """`module` (imported) exports a verifiers `Taskset` or `Env` subclass in `__all__`."""
+    if "verifiers" not in sys.modules:  # it imported no verifiers: not one of its environments
+        return False
+    import verifiers.v1 as vf
+
+    exported = [getattr(module, name, None) for name in getattr(module, "__all__", [])]
+    return any(isinstance(obj, type) and issubclass(obj, vf.Taskset | vf.Env) for obj in exported)

@@ -32,7 +32,7 @@ from asyncrl.config.base import ConfigError
 from asyncrl.config.env import EnvConfig
 from asyncrl.envs.base import Environment, Example, Messages, RewardFunction, Split
 from asyncrl.envs.multi_turn import Reply, reply_problems
-from asyncrl.envs.registry import load_environment
+from asyncrl.envs.registry import VerifiersEnvironmentFound, load_environment
 from asyncrl.envs.reward_pool import MAX_ABS_REWARD, EnvironmentFailed, RewardResult, within_bounds
 from asyncrl.envs.tools import ToolCallRecord
 from asyncrl.log import get_logger
@@ -312,8 +312,18 @@ def _number(value: Any) -> float:
     return float(value)
 
 
-def environment_of(spec: EnvConfig) -> Environment:
-    """The environment a config entry names: served at `address`, or loaded here."""
+def environment_of(spec: EnvConfig, model: str | None = None) -> Environment:
+    """The environment a config entry names: served at `address`, a verifiers environment
+    (its episodes played by its own workers, for `model`), or loaded here."""
     if spec.address is not None:
         return remote_environment(spec.address, server_key(spec.api_key_var))
-    return load_environment(spec.id, spec.args)
+    try:
+        if spec.verifiers is not None:
+            raise VerifiersEnvironmentFound(spec.id)
+        return load_environment(spec.id, spec.args)
+    except VerifiersEnvironmentFound:
+        if model is None:
+            raise
+        from asyncrl.envs.verifiers.environment import VerifiersEnvironment
+
+        return VerifiersEnvironment(spec, model)

@@ -231,7 +231,12 @@ def tool_message(content: str) -> dict[str, str]:
 
 def tools_system_prompt(tools: list[Tool]) -> str:
     """The tools and how to call them, for templates that have no tools section of their own."""
-    listed = "\n".join(json.dumps(tool.schema()) for tool in tools)
+    return tools_prompt([tool.schema() for tool in tools])
+
+
+def tools_prompt(schemas: list[dict[str, Any]]) -> str:
+    """`tools_system_prompt` of tools given in the OpenAI format (a verifiers environment's)."""
+    listed = "\n".join(json.dumps(schema) for schema in schemas)
     return (
         "You may call tools. Available tools:\n<tools>\n" + listed + "\n</tools>\n"
         'To call one, write <tool_call>{"name": <tool name>, "arguments": <object>}</tool_call>.'

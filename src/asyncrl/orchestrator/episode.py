@@ -32,11 +32,13 @@ from asyncrl.envs.base import Environment, Messages
 from asyncrl.envs.episode_tokens import EpisodeTokens, SuffixError
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.reward_pool import EnvironmentFailed, EnvironmentPool, RewardResult
+from asyncrl.envs.verifiers.pool import VerifiersPool
 from asyncrl.orchestrator.advantage import group_advantages, process_advantages
 from asyncrl.orchestrator.client import ClientPool
 from asyncrl.orchestrator.filters import apply_filters
 from asyncrl.orchestrator.generation import ABORT_RETRIES, Completion, Server, generate
 from asyncrl.orchestrator.group import Group, GroupRequest, request_body
+from asyncrl.orchestrator.verifiers_group import run_verifiers_group
 from asyncrl.types import TrainingSample
 
 
@@ -115,6 +117,8 @@ async def run_episode_group(
 ) -> Group:
     """`rollouts_per_example` episodes of the drawn example, scored and made training samples.
     Whether the group trains (the buffer's difficulty filter) is the caller's to decide."""
+    if isinstance(setting.pool, VerifiersPool):  # the environment plays its own episodes
+        return await run_verifiers_group(request, setting.config, setting.pool, vocab_size)
     config, clients = setting.config, setting.clients
     started = time.perf_counter()
     route, body, prompt_ids = first_turn(request, setting)

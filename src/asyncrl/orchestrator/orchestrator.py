@@ -34,6 +34,7 @@ from asyncrl.envs.model_rewards.pool import model_reward_metrics, with_model_rew
 from asyncrl.envs.multi_turn import is_multi_turn
 from asyncrl.envs.remote import RemoteEnvironment, RemotePool, environment_of
 from asyncrl.envs.reward_pool import EnvironmentPool, RewardPool
+from asyncrl.envs.verifiers.environment import VerifiersEnvironment
 from asyncrl.fs import atomic_write_bytes
 from asyncrl.log import get_logger
 from asyncrl.monitor.metrics import MetricsWriter
@@ -54,6 +55,8 @@ from asyncrl.orchestrator.startup_checks import (
 from asyncrl.orchestrator.step_metrics import batch_metrics
 from asyncrl.orchestrator.temperature import temperature_at
 from asyncrl.orchestrator.tied_groups_watch import TiedGroupsWatch
+from asyncrl.orchestrator.token_gate import TokenGate
+from asyncrl.orchestrator.verifiers_group import verifiers_metrics, verifiers_pool
 from asyncrl.orchestrator.weight_sync import WeightSync
 from asyncrl.run.layout import metrics_file, samples_file
 from asyncrl.run_secret import withhold
@@ -75,7 +78,7 @@ class Orchestrator:
         self.run_dir = Path(config.output_dir)
         withhold(*config.secret_variables())  # no reward, tool or scorer process inherits them
         pass_through(*config.reward_env_passthrough)
-        self.envs = [environment_of(env) for env in config.env]
+        self.envs = [environment_of(env, config.model.name) for env in config.env]
         self.env_names = [env.name or env.id for env in config.env]
         model = config.model.name
         assert model is not None  # the config refuses a missing model.name
@@ -91,7 +94,7 @@ class Orchestrator:
         self.buffer = Buffer(self.envs, config.buffer, config.seed, pool_size)
         self.clients = ClientPool(config.client, chat_prompt_ids=chat_template(tokenizer))
         eval_specs = config.eval.env if config.eval else []
-        self.eval_envs = [environment_of(spec) for spec in eval_specs]
+        self.eval_envs = [environment_of(spec, config.model.name) for spec in eval_specs]
         self.episode_tokens = episode_tokens(
             [*self.envs, *self.eval_envs],
             [*self.env_names, *(s.name or s.id for s in eval_specs)],
@@ -99,6 +102,8 @@ class Orchestrator:
         )
         if config.advantage.type == "process":  # evaluated environments are not trained
             refuse_environments_without_step_rewards(self.envs, self.env_names)
+        # the verifiers environments' turns come through it (`token_gate.py`)
+        self.gate = TokenGate(self.clients, config, lambda: self.weights.request_model)
         self.rewards = [
             self.reward_pool(env, loaded) for env, loaded in zip(config.env, self.envs, strict=True)
         ]
@@ -120,7 +125,9 @@ class Orchestrator:
         # dr_grpo's constant normaliser: the tokens a rollout may generate (an episode's turns
         # together may fill `seq_len`)
         self.generation_budget = (
-            config.seq_len if any(map(is_multi_turn, self.envs)) else config.sampling.max_tokens
+            config.seq_len
+            if any(is_multi_turn(e) or isinstance(e, VerifiersEnvironment) for e in self.envs)
+            else config.sampling.max_tokens
         )
         self.aborted_groups = 0  # dropped since the last batch, reported with it
         self.drops: Counter[str] = Counter()  # groups dropped since the last batch, by why
@@ -131,6 +138,8 @@ class Orchestrator:
         """Worker processes running the environment's code here, or its env-server's, with the
         model terms of `env.model_rewards` beside them (`envs/model_rewards/pool.py`)."""
         config = self.config
+        if isinstance(loaded, VerifiersEnvironment):  # its workers play whole episodes
+            return verifiers_pool(loaded, self.gate, config)
         if isinstance(loaded, RemoteEnvironment):
             pool: EnvironmentPool = RemotePool(loaded, config.reward_timeout)
         else:
@@ -241,6 +250,7 @@ class Orchestrator:
                     | {"orchestrator/tied_streak": tied.streak}
                     | spans.take("orchestrator")
                     | model_reward_metrics(pools.values())
+                    | verifiers_metrics(pools.values(), self.gate)
                     | self.rejections.metrics()
                     | self.clients.weights.take(),
                 )
