@@ -18,9 +18,8 @@ import pytest
 from tests.contract.conftest import running, tiny_model
 from tests.unit.inference.weight_versions import flip_bit, publish, route, trained
 
-from asyncrl.transport.weights.manifest import read_manifest
-
 from asyncrl.run_secret import server_key
+from asyncrl.transport.weights.manifest import read_manifest
 
 pytestmark = [pytest.mark.integration, pytest.mark.contract, pytest.mark.slow]
 

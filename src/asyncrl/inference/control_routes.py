@@ -136,6 +136,5 @@ def _info(info: WeightInfo) -> dict[str, Any]:
         "bytes_read": info.bytes_read,
         "weight_dir": info.weight_dir,
         "lora_name": info.lora_name,
-        "dtype": info.dtype,
         "quantization": info.quantization,
     }
