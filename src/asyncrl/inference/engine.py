@@ -48,6 +48,7 @@ logger = get_logger(__name__)
 
 class Engine(EngineThread):
     borrows_cores = True
+    parameters_as_installed = True  # a copied weight can be compared with its source
 
     def __init__(
         self,

@@ -35,6 +35,7 @@ from asyncrl.inference.openai_routes import openai_router
 from asyncrl.inference.served_model import ServedModel
 from asyncrl.log import get_logger
 from asyncrl.precision import default_device
+from asyncrl.transport.weights.manifest import dtype_name
 from asyncrl.transport.weights.registry import open_intake
 from asyncrl.transport.weights.route import WeightIntake
 from asyncrl.web.api_key import ApiKeyGuard
@@ -200,7 +201,7 @@ def serve(config: InferenceConfig) -> None:
         config.port,
         config.max_num_seqs,
         served.engine.max_model_len,
-        served.dtype,
+        dtype_name(served.served_dtype),
         served.quantization,
     )
     server = ClosingServer(

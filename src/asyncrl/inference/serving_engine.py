@@ -25,6 +25,9 @@ class ServingEngine(Protocol):
     stats: EngineStats
     failure: str | None  # why the engine gave up (its steps kept failing), once it has
     on_failure: Callable[[str], None] | None  # told that reason, once
+    # whether `model`'s parameters hold installed weights as given, so a copy can be compared
+    # with its source (vLLM's do not: fused, and on a CPU repacked for its kernels)
+    parameters_as_installed: bool
 
     def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1) -> Request: ...
 

@@ -99,6 +99,7 @@ class VllmInprocessEngine(EngineThread):
             self.llm.model_executor.driver_worker.worker.model_runner.kv_caches
         )
         self._installed: dict[str, torch.Tensor] | None = None
+        self.parameters_as_installed = False  # fused and repacked by vLLM's loader
         self.weight_version = 0
         self.stats = EngineStats()
         self._to_add: deque[Sequence] = deque()  # submitted or preempted, not yet in vLLM

@@ -76,6 +76,10 @@ SAMPLING = {
     "repetition_penalty",
     "seed",
     "n",
+    # verifiers' train client sets it on a multi-turn turn it bridges onto the last: where the
+    # turn's new prompt starts, for replaying a mixture of experts' routing. asyncrl replays no
+    # routing, so it is taken and unused (the token ids and logprobs are exact without it)
+    "routed_experts_prompt_start",
 }
 
 
