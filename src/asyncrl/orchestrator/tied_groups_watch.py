@@ -43,7 +43,8 @@ class TiedGroupsWatch:
             f"below the best reward seen ({self.best_reward:g}): each prompt's completions are "
             f"the same answer{entropy}, so these steps carry no learning signal and the "
             "held-out reward will stay where it is. The policy has collapsed onto its answers. "
-            "Try: `trainer.loss.entropy_coef` (keeps the policy's entropy from falling to 0), a "
-            "lower `trainer.learning_rate`, a higher `orchestrator.sampling.temperature`, more "
-            "`orchestrator.rollouts_per_example`; docs/training.md, When learning stops."
+            "Try: `trainer.num_iterations: 2` (two updates a batch, the second clipped: measured "
+            "the best at this), more `orchestrator.rollouts_per_example`, a small "
+            "`trainer.loss.entropy_coef` (0.01; 0.03 blew a policy up); docs/training.md, When "
+            "learning stops."
         )
