@@ -37,7 +37,7 @@ TOKEN_MASK = (0.125, 8.0)
 LEAST_GREEDY_AGREEMENT = 0.9  # teacher-forced next tokens: float32's argmax
 # measured 2026-12-07 (Zen 4): KL 0.171 over 188 sampled tokens, most of it from the few tokens
 # int8 sampled at a far lower probability than float32 gives them (largest |log ratio| 3.37);
-# the mask's share 0.0106 (benchmarks/RESULTS.md, 2026-12-07 (late night))
+# the mask's share 0.0106 (benchmarks/RESULTS.md, 2026-12-08, int8 rollouts)
 MOST_MISMATCH_KL = 0.3
 MOST_MASKED = 0.03
 
